@@ -1,5 +1,10 @@
 //! s3rdma: a FUSE file system over an S3 bucket.
 
+pub mod cli;
+pub mod daemon;
 pub mod fs;
+pub mod logging;
+pub mod mount;
 pub mod read;
 pub mod s3;
+pub mod startup;

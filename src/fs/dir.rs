@@ -98,6 +98,7 @@ mod tests {
         }
     }
 
+    // [S-NS-HIDDEN] [S-NS-CLASH]
     #[test]
     fn merges_pages_and_applies_rules() {
         let mut b = DirBuilder::new("d/");

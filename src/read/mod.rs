@@ -16,7 +16,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
-use crate::s3::{S3Client, S3Error};
+use crate::s3::{S3Client, S3Error, S3ErrorKind};
 
 /// Read-ahead tuning.
 #[derive(Clone, Copy, Debug)]
@@ -95,9 +95,7 @@ impl ObjectReader {
         }
         match self.plan(offset, end) {
             Plan::Direct => {
-                let mut buf = vec![0u8; (end - offset) as usize];
-                self.s3.get_range_into(&self.key, &self.etag, offset, &mut buf).await?;
-                Ok(Bytes::from(buf))
+                fetch(self.s3.clone(), self.key.clone(), self.etag.clone(), offset, (end - offset) as usize).await
             }
             Plan::Parts(first, slots) => {
                 let mut parts = Vec::with_capacity(slots.len());
@@ -212,6 +210,14 @@ impl Drop for ObjectReader {
 
 async fn fetch(s3: S3Client, key: String, etag: String, start: u64, len: usize) -> Result<Bytes, S3Error> {
     let mut buf = vec![0u8; len];
-    s3.get_range_into(&key, &etag, start, &mut buf).await?;
-    Ok(Bytes::from(buf))
+    match s3.get_range_into(&key, &etag, start, &mut buf).await {
+        Ok(()) => Ok(Bytes::from(buf)),
+        // The version this handle pinned is gone either way: deleted reads like replaced.
+        Err(mut e) if e.kind == S3ErrorKind::NotFound => {
+            e.kind = S3ErrorKind::PreconditionFailed;
+            e.message = format!("object deleted since it was opened ({})", e.message);
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }

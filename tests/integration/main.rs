@@ -1,0 +1,8 @@
+//! Integration tests: the real binary mounted on a real SeaweedFS, driven with std::fs and shell
+//! tools. Each `[S-...]` tag names the SEMANTICS.md statement a test exercises.
+
+mod common;
+mod namespace;
+mod read;
+mod semantics;
+mod startup;

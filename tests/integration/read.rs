@@ -1,0 +1,161 @@
+use std::io::{Read, Seek, SeekFrom};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use crate::common::*;
+
+fn sha(data: &[u8]) -> Vec<u8> {
+    Sha256::digest(data).to_vec()
+}
+
+// [S-READ-RANGED] [S-READ-AHEAD]
+#[test]
+fn read_256mib_object_matches_by_checksum() {
+    let b = bucket("big");
+    let data = pattern(256 << 20, 1);
+    put(&b, "shard-0000.tar", data.clone());
+    let want = sha(&data);
+    drop(data);
+    let m = Mount::new(&b, &[]);
+    let start = Instant::now();
+    let mut f = std::fs::File::open(m.join("shard-0000.tar")).unwrap();
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0usize;
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!("read 256 MiB through the mount: {:.0} MiB/s", 256.0 / secs);
+    assert_eq!(total, 256 << 20);
+    assert_eq!(hasher.finalize().to_vec(), want);
+    // Sequential reads go in whole parts (8 MiB by default), not per kernel request.
+    let gets = m.count_requests("GetObject");
+    assert!((32..=40).contains(&gets), "{gets} GETs for 32 parts");
+}
+
+// [S-READ-RANDOM]
+#[test]
+fn random_seek_and_read_returns_the_right_bytes() {
+    let b = bucket("random");
+    let len = 20 << 20;
+    let data = pattern(len, 2);
+    put(&b, "blob.bin", data.clone());
+    // Small parts so that reads cross part boundaries often.
+    let m = Mount::new(&b, &["--read-part-size", "1MiB", "--max-prefetch", "4MiB"]);
+    let mut f = std::fs::File::open(m.join("blob.bin")).unwrap();
+    let mut x: u64 = 12345;
+    for i in 0..200 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let off = (x >> 16) as usize % len;
+        let want = [1usize, 4096, 100_000, 1 << 20, 3 << 20][i % 5].min(len - off);
+        f.seek(SeekFrom::Start(off as u64)).unwrap();
+        let mut got = vec![0u8; want];
+        f.read_exact(&mut got).unwrap();
+        assert!(got == data[off..off + want], "mismatch at offset {off} len {want}");
+    }
+    // Reads at and past the end.
+    f.seek(SeekFrom::Start(len as u64 - 10)).unwrap();
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).unwrap();
+    assert_eq!(tail, &data[len - 10..]);
+    f.seek(SeekFrom::Start(len as u64 + 100)).unwrap();
+    assert_eq!(f.read(&mut [0u8; 16]).unwrap(), 0);
+}
+
+// [S-READ-SMALL]
+#[test]
+fn empty_and_tiny_files() {
+    let b = bucket("tiny");
+    put(&b, "empty", Vec::new());
+    put(&b, "one", b"1".to_vec());
+    let m = Mount::new(&b, &[]);
+    assert_eq!(std::fs::read(m.join("empty")).unwrap(), b"");
+    assert_eq!(std::fs::metadata(m.join("empty")).unwrap().len(), 0);
+    assert_eq!(std::fs::read(m.join("one")).unwrap(), b"1");
+}
+
+// [S-READ-PINNED] [S-OPEN-FRESH]
+#[test]
+fn object_replaced_while_open_fails_old_handle_and_reopen_sees_new() {
+    let b = bucket("replace");
+    let len = 32 << 20;
+    let v1 = pattern(len, 3);
+    let v2 = pattern(len, 4);
+    put(&b, "model.bin", v1.clone());
+    let m = Mount::new(&b, &["--read-part-size", "1MiB", "--max-prefetch", "2MiB"]);
+    let mut old = std::fs::File::open(m.join("model.bin")).unwrap();
+    let mut head = vec![0u8; 4096];
+    old.read_exact(&mut head).unwrap();
+    assert_eq!(head, v1[..4096]);
+
+    put(&b, "model.bin", v2.clone());
+
+    // Far from what was read or prefetched: needs a new GET, which If-Match refuses.
+    old.seek(SeekFrom::Start(30 << 20)).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let err = old.read_exact(&mut buf).expect_err("read of a replaced object must fail");
+    assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
+    // Whatever the old handle still returns comes from v1, never v2.
+    old.seek(SeekFrom::Start(0)).unwrap();
+    if old.read_exact(&mut head).is_ok() {
+        assert_eq!(head, v1[..4096]);
+    }
+    assert!(m.log_text().contains("replaced or deleted since it was opened"));
+
+    // A new open pins the new version.
+    let got = std::fs::read(m.join("model.bin")).unwrap();
+    assert!(got == v2, "reopen must read the new object");
+    drop(old);
+
+    // A replacement of a different size: the new size is seen at once on reopen.
+    let v3 = pattern(len + 12345, 5);
+    put(&b, "model.bin", v3.clone());
+    let got = std::fs::read(m.join("model.bin")).unwrap();
+    assert_eq!(got.len(), v3.len());
+    assert!(got == v3);
+}
+
+// [S-READ-DELETED]
+#[test]
+fn object_deleted_while_open() {
+    let b = bucket("deleted");
+    let v1 = pattern(8 << 20, 6);
+    put(&b, "f", v1.clone());
+    let m = Mount::new(&b, &["--read-part-size", "1MiB", "--max-prefetch", "1MiB"]);
+    let mut f = std::fs::File::open(m.join("f")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact(&mut buf).unwrap();
+    delete(&b, "f");
+    f.seek(SeekFrom::Start(6 << 20)).unwrap();
+    let err = f.read_exact(&mut buf).expect_err("read of a deleted object must fail");
+    // The pinned version is gone: ESTALE, whether the server answers 404 or 412.
+    assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
+    drop(f);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(
+        std::fs::File::open(m.join("f")).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+}
+
+// [S-WRITE-EROFS]
+#[test]
+fn writes_are_refused_with_erofs() {
+    let b = bucket("rofs");
+    put(&b, "f", b"x".to_vec());
+    let m = Mount::new(&b, &[]);
+    let erofs = |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    erofs(std::fs::write(m.join("new"), b"y"));
+    erofs(std::fs::OpenOptions::new().append(true).open(m.join("f")).map(|_| ()));
+    erofs(std::fs::create_dir(m.join("d")));
+    erofs(std::fs::remove_file(m.join("f")));
+    erofs(std::fs::rename(m.join("f"), m.join("g")));
+    assert_eq!(std::fs::read(m.join("f")).unwrap(), b"x");
+}
