@@ -10,9 +10,12 @@ pub fn init(level: &str, file: Option<&Path>) -> Result<(), String> {
         "error" | "warn" | "info" | "debug" | "trace" => format!("error,s3rdma={level}"),
         other => other.to_string(),
     };
-    let filter = EnvFilter::try_new(&directive)
-        .map_err(|e| format!("log level {level:?} is not valid ({e}); use error, warn, info, debug or trace"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let filter = EnvFilter::try_new(&directive).map_err(|e| {
+        format!("log level {level:?} is not valid ({e}); use error, warn, info, debug or trace")
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
     match file {
         Some(path) => {
             let f = std::fs::OpenOptions::new()
@@ -26,6 +29,9 @@ pub fn init(level: &str, file: Option<&Path>) -> Result<(), String> {
                 .try_init()
                 .map_err(|e| e.to_string())
         }
-        None => builder.with_writer(std::io::stderr).try_init().map_err(|e| e.to_string()),
+        None => builder
+            .with_writer(std::io::stderr)
+            .try_init()
+            .map_err(|e| e.to_string()),
     }
 }

@@ -80,7 +80,10 @@ pub fn run(settings: Settings) -> ! {
     let shown = mountpoint.display().to_string();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             return;
         };
         let name = tokio::select! {
@@ -123,7 +126,8 @@ fn mount_options(s: &Settings) -> Vec<MountOption> {
         // This version never writes to S3: the kernel refuses writes with EROFS up front.
         MountOption::RO,
     ];
-    let user_set = |a: &MountOption, b: &MountOption| s.kernel_flags.iter().any(|f| f == a || f == b);
+    let user_set =
+        |a: &MountOption, b: &MountOption| s.kernel_flags.iter().any(|f| f == a || f == b);
     if !user_set(&MountOption::Dev, &MountOption::NoDev) {
         opts.push(MountOption::NoDev);
     }

@@ -23,9 +23,12 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, String> {
         Err(e) => return Err(format!("cannot access mountpoint {shown}: {e}")),
     };
     if !meta.is_dir() {
-        return Err(format!("mountpoint {shown} is not a directory; mount on an empty directory"));
+        return Err(format!(
+            "mountpoint {shown} is not a directory; mount on an empty directory"
+        ));
     }
-    let abs = std::fs::canonicalize(path).map_err(|e| format!("cannot resolve mountpoint {shown}: {e}"))?;
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| format!("cannot resolve mountpoint {shown}: {e}"))?;
     if is_mountpoint(&abs, &meta) {
         return Err(format!(
             "{} is already a mountpoint; unmount it first (umount {}) or choose another directory",
@@ -33,7 +36,8 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, String> {
             abs.display()
         ));
     }
-    let mut entries = std::fs::read_dir(&abs).map_err(|e| format!("cannot read mountpoint {shown}: {e}"))?;
+    let mut entries =
+        std::fs::read_dir(&abs).map_err(|e| format!("cannot read mountpoint {shown}: {e}"))?;
     if entries.next().is_some() {
         return Err(format!(
             "mountpoint {shown} is not empty; mount on an empty directory (its files would be hidden)"
@@ -54,7 +58,9 @@ fn is_mountpoint(abs: &Path, meta: &std::fs::Metadata) -> bool {
 
 /// Check that the credentials resolve and that the bucket can be listed at `prefix`.
 pub async fn check_bucket(s3: &S3Client, prefix: &str) -> Result<(), String> {
-    s3.check_credentials().await.map_err(|e| explain(s3, prefix, &e))?;
+    s3.check_credentials()
+        .await
+        .map_err(|e| explain(s3, prefix, &e))?;
     s3.list_page(prefix, Some("/"), None, 1)
         .await
         .map(|_| ())
@@ -97,17 +103,26 @@ mod tests {
     fn mountpoint_errors() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope");
-        assert!(check_mountpoint(&missing).unwrap_err().contains("does not exist"));
+        assert!(check_mountpoint(&missing)
+            .unwrap_err()
+            .contains("does not exist"));
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").unwrap();
-        assert!(check_mountpoint(&file).unwrap_err().contains("not a directory"));
+        assert!(check_mountpoint(&file)
+            .unwrap_err()
+            .contains("not a directory"));
         let full = dir.path().join("full");
         std::fs::create_dir(&full).unwrap();
         std::fs::write(full.join("x"), b"x").unwrap();
         assert!(check_mountpoint(&full).unwrap_err().contains("not empty"));
         let empty = dir.path().join("empty");
         std::fs::create_dir(&empty).unwrap();
-        assert_eq!(check_mountpoint(&empty).unwrap(), std::fs::canonicalize(&empty).unwrap());
-        assert!(check_mountpoint(Path::new("/")).unwrap_err().contains("already a mountpoint"));
+        assert_eq!(
+            check_mountpoint(&empty).unwrap(),
+            std::fs::canonicalize(&empty).unwrap()
+        );
+        assert!(check_mountpoint(Path::new("/"))
+            .unwrap_err()
+            .contains("already a mountpoint"));
     }
 }

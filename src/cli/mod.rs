@@ -14,6 +14,9 @@ use crate::read::ReadConfig;
 use crate::s3::S3Options;
 use units::{parse_bool, parse_duration, parse_mode, parse_size};
 
+/// Version and commit, e.g. "0.1.0 (commit 1a2b3c4d5e6f)".
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("S3RDMA_COMMIT"), ")");
+
 const ABOUT: &str = "Mount an S3 bucket (or a prefix of it) as a file system.";
 
 const LONG_ABOUT: &str = "\
@@ -41,7 +44,7 @@ Examples:
 
 /// Command-line arguments, as parsed by clap (before `-o` options are applied).
 #[derive(Parser, Debug, Clone, Default)]
-#[command(name = "s3rdma", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+#[command(name = "s3rdma", version = VERSION, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
 pub struct Cli {
     /// What to mount: BUCKET, BUCKET:PREFIX or s3://BUCKET/PREFIX
     #[arg(value_name = "BUCKET[:PREFIX] | s3://BUCKET/PREFIX")]
@@ -168,9 +171,28 @@ pub struct Cli {
 
 /// Standard mount(8) options that make no sense for this file system and are ignored on purpose.
 const IGNORED: &[&str] = &[
-    "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "_netdev", "nofail",
-    "atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime",
-    "async", "lazytime", "nolazytime", "silent", "loud", "nonempty",
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "_netdev",
+    "nofail",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "async",
+    "lazytime",
+    "nolazytime",
+    "silent",
+    "loud",
+    "nonempty",
 ];
 
 impl Cli {
@@ -265,8 +287,8 @@ fn split_options(s: &str) -> Vec<String> {
     while let Some(c) = chars.next() {
         match c {
             '\\' => {
-                if let Some(n) = chars.next() {
-                    out.last_mut().map(|o| o.push(n));
+                if let (Some(n), Some(o)) = (chars.next(), out.last_mut()) {
+                    o.push(n);
                 }
             }
             ',' => out.push(String::new()),
@@ -345,7 +367,9 @@ impl Settings {
         }
         let max_threads = cli.max_threads.unwrap_or(16);
         if !(1..=1024).contains(&max_threads) {
-            return Err(format!("max threads {max_threads} is out of range; use 1 to 1024 (default 16)"));
+            return Err(format!(
+                "max threads {max_threads} is out of range; use 1 to 1024 (default 16)"
+            ));
         }
         let max_attempts = cli.max_attempts.unwrap_or(6);
         if max_attempts == 0 {
@@ -357,7 +381,10 @@ impl Settings {
             );
         }
         if cli.allow_other && cli.allow_root {
-            return Err("give one of --allow-other and --allow-root (allow-other already includes root)".into());
+            return Err(
+                "give one of --allow-other and --allow-root (allow-other already includes root)"
+                    .into(),
+            );
         }
         let metadata_ttl = cli.metadata_ttl.unwrap_or(Duration::from_secs(1));
         // SAFETY: getuid/getgid cannot fail.
@@ -420,19 +447,43 @@ mod tests {
     #[test]
     fn sources() {
         assert_eq!(parse_source("bkt").unwrap(), ("bkt".into(), "".into()));
-        assert_eq!(parse_source("bkt:a/b").unwrap(), ("bkt".into(), "a/b".into()));
-        assert_eq!(parse_source("s3://bkt/a/b/").unwrap(), ("bkt".into(), "a/b/".into()));
+        assert_eq!(
+            parse_source("bkt:a/b").unwrap(),
+            ("bkt".into(), "a/b".into())
+        );
+        assert_eq!(
+            parse_source("s3://bkt/a/b/").unwrap(),
+            ("bkt".into(), "a/b/".into())
+        );
         assert_eq!(parse_source("s3://bkt").unwrap(), ("bkt".into(), "".into()));
-        assert!(parse_source("http://host/bkt").unwrap_err().contains("--endpoint-url"));
+        assert!(parse_source("http://host/bkt")
+            .unwrap_err()
+            .contains("--endpoint-url"));
         assert!(parse_source("Bad Bucket").is_err());
     }
 
     #[test]
     fn flags_and_o_options_agree() {
         let a = settings(&[
-            "s3rdma", "b1b", "/mnt", "--endpoint-url", "http://127.0.0.1:1", "--force-path-style",
-            "--read-only", "--uid", "7", "--file-mode", "0600", "--metadata-ttl", "5s",
-            "--read-part-size", "4MiB", "--max-threads", "4", "--prefix", "p",
+            "s3rdma",
+            "b1b",
+            "/mnt",
+            "--endpoint-url",
+            "http://127.0.0.1:1",
+            "--force-path-style",
+            "--read-only",
+            "--uid",
+            "7",
+            "--file-mode",
+            "0600",
+            "--metadata-ttl",
+            "5s",
+            "--read-part-size",
+            "4MiB",
+            "--max-threads",
+            "4",
+            "--prefix",
+            "p",
         ])
         .unwrap();
         let b = settings(&[
@@ -495,7 +546,10 @@ mod tests {
         assert_eq!(split_options(r"a,b=c\,d, e"), ["a", "b=c,d", "e"]);
         let s = settings(&["s3rdma", "bkt", "/m", "-o", "ro,rw"]).unwrap();
         assert!(!s.read_only);
-        let s = settings(&["s3rdma", "bkt", "/m", "-o", "rw", "-o", "ro", "-o", "noexec"]).unwrap();
+        let s = settings(&[
+            "s3rdma", "bkt", "/m", "-o", "rw", "-o", "ro", "-o", "noexec",
+        ])
+        .unwrap();
         assert!(s.read_only);
         assert_eq!(s.kernel_flags, vec![MountOption::NoExec]);
     }

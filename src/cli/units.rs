@@ -9,9 +9,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size; write bytes or a number with a unit, e.g. 8MiB, 512K, 1G"))?;
+    let value: f64 = num.parse().map_err(|_| {
+        format!("{s:?} is not a size; write bytes or a number with a unit, e.g. 8MiB, 512K, 1G")
+    })?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -53,7 +53,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => value / 1e3,
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("{s:?} has an unknown time unit {other:?}; use ms, s, m or h")),
+        other => {
+            return Err(format!(
+                "{s:?} has an unknown time unit {other:?}; use ms, s, m or h"
+            ))
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is out of range"))
 }
@@ -64,7 +68,9 @@ pub fn parse_mode(s: &str) -> Result<u16, String> {
     let digits = t.strip_prefix("0o").unwrap_or(t);
     match u16::from_str_radix(digits, 8) {
         Ok(m) if m <= 0o7777 => Ok(m),
-        _ => Err(format!("{s:?} is not an octal mode; write e.g. 0644 or 0755")),
+        _ => Err(format!(
+            "{s:?} is not an octal mode; write e.g. 0644 or 0755"
+        )),
     }
 }
 

@@ -199,7 +199,10 @@ mod tests {
         // The old inode stays reachable by number (an open handle may use it).
         assert_eq!(t.get(a.ino).map(|i| i.kind), Some(Kind::File));
         assert_eq!(t.child(ROOT_INO, "a").map(|i| i.ino), Some(a_dir.ino));
-        assert_eq!(t.get(ROOT_INO).map(|i| i.key.clone()), Some("p/".to_string()));
+        assert_eq!(
+            t.get(ROOT_INO).map(|i| i.key.clone()),
+            Some("p/".to_string())
+        );
     }
 
     #[test]

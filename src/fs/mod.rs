@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, debug_span, info, warn};
@@ -164,7 +164,11 @@ impl S3Fs {
     fn log_hidden(&self, key: &str, why: &str) {
         if !self.hidden_logged.contains_key(key) {
             self.hidden_logged.insert(key.to_string(), ());
-            warn!(key, reason = why, "key is not shown in the mount: it cannot be a file name here");
+            warn!(
+                key,
+                reason = why,
+                "key is not shown in the mount: it cannot be a file name here"
+            );
         }
     }
 
@@ -212,7 +216,9 @@ impl S3Fs {
             if head.is_ok() {
                 self.log_hidden(&key, "a directory of the same name exists");
             }
-            let child = self.inodes.upsert_child(parent, name, Kind::Dir, dir_prefix);
+            let child = self
+                .inodes
+                .upsert_child(parent, name, Kind::Dir, dir_prefix);
             let stat = self.dir_stat();
             child.set_stat(stat.clone(), self.ttl_from(now));
             return Ok(self.attr(&child, &stat));
@@ -272,13 +278,10 @@ impl S3Fs {
             return Err(Errno::EROFS);
         }
         // Close-to-open: every open asks S3 for the current version and pins its ETag.
-        let info = self
-            .rt
-            .block_on(self.s3.head(&inode.key))
-            .map_err(|e| {
-                inode.invalidate();
-                self.fail("open", &e)
-            })?;
+        let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
+            inode.invalidate();
+            self.fail("open", &e)
+        })?;
         let stat = Stat::from(&info);
         let old = inode.set_stat(stat.clone(), self.ttl_from(Instant::now()));
         let changed = old.as_ref().is_some_and(|o| o.etag != stat.etag);
@@ -300,7 +303,8 @@ impl S3Fs {
             self.cfg.read,
         );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.lock_files().insert(fh, Arc::new(OpenFile { ino, reader }));
+        self.lock_files()
+            .insert(fh, Arc::new(OpenFile { ino, reader }));
         let flags = if keep_cache {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
@@ -322,7 +326,10 @@ impl S3Fs {
         let result: Result<(), S3Error> = self.rt.block_on(async {
             let mut token = None;
             loop {
-                let mut page = self.s3.list_page(&inode.key, Some("/"), token, 1000).await?;
+                let mut page = self
+                    .s3
+                    .list_page(&inode.key, Some("/"), token, 1000)
+                    .await?;
                 token = page.next_token.take();
                 builder.add_page(page);
                 if token.is_none() {
@@ -339,7 +346,9 @@ impl S3Fs {
         let until = self.ttl_from(now);
         let mut out = Vec::with_capacity(entries.len() + 2);
         let parent = self.inodes.get(inode.parent).unwrap_or_else(|| {
-            self.inodes.get(ROOT_INO).expect("the root inode always exists")
+            self.inodes
+                .get(ROOT_INO)
+                .expect("the root inode always exists")
         });
         let dir_stat = self.dir_stat();
         out.push(DirEntryOut {
@@ -354,11 +363,18 @@ impl S3Fs {
             let (child, stat) = match listed {
                 Listed::Dir => {
                     let prefix = names::dir_prefix_of(&names::child_key(&inode.key, &name));
-                    (self.inodes.upsert_child(inode.ino, &name, Kind::Dir, prefix), dir_stat.clone())
+                    (
+                        self.inodes
+                            .upsert_child(inode.ino, &name, Kind::Dir, prefix),
+                        dir_stat.clone(),
+                    )
                 }
                 Listed::File(info) => {
                     let key = info.key.clone();
-                    (self.inodes.upsert_child(inode.ino, &name, Kind::File, key), Stat::from(&info))
+                    (
+                        self.inodes.upsert_child(inode.ino, &name, Kind::File, key),
+                        Stat::from(&info),
+                    )
                 }
             };
             child.set_stat(stat.clone(), until);
@@ -450,7 +466,14 @@ impl fuser::Filesystem for S3Fs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lo: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
@@ -487,7 +510,14 @@ impl fuser::Filesystem for S3Fs {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let _s = debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
         let entries = match self.dir_entries(ino.0, fh.0, offset) {
             Ok(e) => e,
@@ -516,14 +546,28 @@ impl fuser::Filesystem for S3Fs {
         };
         let ttl = self.entry_ttl();
         for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(e.attr.ino, i as u64 + 1, &e.name, &ttl, &e.attr, Generation(0)) {
+            if reply.add(
+                e.attr.ino,
+                i as u64 + 1,
+                &e.name,
+                &ttl,
+                &e.attr,
+                Generation(0),
+            ) {
                 break;
             }
         }
         reply.ok();
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.lock_dirs().remove(&fh.0);
         reply.ok();
     }
@@ -533,7 +577,16 @@ impl fuser::Filesystem for S3Fs {
         // so that tools which check free space before writing do not refuse.
         const BLOCKS: u64 = (1u64 << 50) / BLOCK_SIZE as u64;
         const FILES: u64 = 1 << 32;
-        reply.statfs(BLOCKS, BLOCKS, BLOCKS, FILES, FILES, BLOCK_SIZE, names::NAME_MAX as u32, BLOCK_SIZE);
+        reply.statfs(
+            BLOCKS,
+            BLOCKS,
+            BLOCKS,
+            FILES,
+            FILES,
+            BLOCK_SIZE,
+            names::NAME_MAX as u32,
+            BLOCK_SIZE,
+        );
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {

@@ -132,7 +132,10 @@ pub fn normalize_prefix(prefix: &str) -> Result<String, String> {
 pub fn check_bucket(bucket: &str) -> Result<(), String> {
     let fix = "bucket names are 3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a letter or digit";
     if bucket.len() < 3 || bucket.len() > 63 {
-        return Err(format!("bucket name {bucket:?} has {} characters; {fix}", bucket.len()));
+        return Err(format!(
+            "bucket name {bucket:?} has {} characters; {fix}",
+            bucket.len()
+        ));
     }
     if let Some(c) = bucket
         .chars()
@@ -166,6 +169,7 @@ mod tests {
         assert_eq!(BadName::TooLong.errno(), libc::ENAMETOOLONG);
     }
 
+    // [S-NS-HIDDEN]
     #[test]
     fn listing_entries() {
         assert_eq!(object_entry("d/", "d/f"), Ok(Entry::File("f")));
@@ -193,9 +197,15 @@ mod tests {
         assert_eq!(normalize_prefix("").unwrap(), "");
         assert_eq!(normalize_prefix("a").unwrap(), "a/");
         assert_eq!(normalize_prefix("a/b/").unwrap(), "a/b/");
-        assert!(normalize_prefix("/a").unwrap_err().contains("starts with '/'"));
-        assert!(normalize_prefix("a//b").unwrap_err().contains("empty path segment"));
-        assert!(normalize_prefix("a/../b").unwrap_err().contains("'.' or '..'"));
+        assert!(normalize_prefix("/a")
+            .unwrap_err()
+            .contains("starts with '/'"));
+        assert!(normalize_prefix("a//b")
+            .unwrap_err()
+            .contains("empty path segment"));
+        assert!(normalize_prefix("a/../b")
+            .unwrap_err()
+            .contains("'.' or '..'"));
         assert!(normalize_prefix("/").is_err());
     }
 

@@ -59,7 +59,14 @@ enum Plan {
 }
 
 impl ObjectReader {
-    pub fn new(s3: S3Client, rt: Handle, key: String, etag: String, size: u64, cfg: ReadConfig) -> Self {
+    pub fn new(
+        s3: S3Client,
+        rt: Handle,
+        key: String,
+        etag: String,
+        size: u64,
+        cfg: ReadConfig,
+    ) -> Self {
         let cfg = ReadConfig {
             part_size: cfg.part_size.max(4096),
             max_prefetch: cfg.max_prefetch,
@@ -95,7 +102,14 @@ impl ObjectReader {
         }
         match self.plan(offset, end) {
             Plan::Direct => {
-                fetch(self.s3.clone(), self.key.clone(), self.etag.clone(), offset, (end - offset) as usize).await
+                fetch(
+                    self.s3.clone(),
+                    self.key.clone(),
+                    self.etag.clone(),
+                    offset,
+                    (end - offset) as usize,
+                )
+                .await
             }
             Plan::Parts(first, slots) => {
                 let mut parts = Vec::with_capacity(slots.len());
@@ -124,7 +138,8 @@ impl ObjectReader {
         let cached = st.parts.contains_key(&first);
         // Forward within one part of where we expected counts as sequential: the kernel's
         // read-ahead issues requests slightly out of order.
-        let sequential = offset >= st.next_offset.saturating_sub(ps) && offset <= st.next_offset + ps;
+        let sequential =
+            offset >= st.next_offset.saturating_sub(ps) && offset <= st.next_offset + ps;
         st.next_offset = end;
         if !cached && !sequential {
             st.window = 0;
@@ -163,9 +178,17 @@ impl ObjectReader {
 
     async fn fill(&self, part: u64, slot: &Slot) -> Result<Bytes, S3Error> {
         let (start, len) = self.part_range(part);
-        slot.get_or_init(|| fetch(self.s3.clone(), self.key.clone(), self.etag.clone(), start, len))
-            .await
-            .clone()
+        slot.get_or_init(|| {
+            fetch(
+                self.s3.clone(),
+                self.key.clone(),
+                self.etag.clone(),
+                start,
+                len,
+            )
+        })
+        .await
+        .clone()
     }
 
     /// A failed part is not kept: the next read retries it.
@@ -208,7 +231,13 @@ impl Drop for ObjectReader {
     }
 }
 
-async fn fetch(s3: S3Client, key: String, etag: String, start: u64, len: usize) -> Result<Bytes, S3Error> {
+async fn fetch(
+    s3: S3Client,
+    key: String,
+    etag: String,
+    start: u64,
+    len: usize,
+) -> Result<Bytes, S3Error> {
     let mut buf = vec![0u8; len];
     match s3.get_range_into(&key, &etag, start, &mut buf).await {
         Ok(()) => Ok(Bytes::from(buf)),

@@ -100,8 +100,11 @@ pub fn classify(status: Option<u16>, code: Option<&str>) -> S3ErrorKind {
         | Some("TokenRefreshRequired") => return BadCredentials,
         Some("PreconditionFailed") => return PreconditionFailed,
         Some("InvalidRange") => return InvalidRange,
-        Some("SlowDown") | Some("Throttling") | Some("ThrottlingException")
-        | Some("RequestLimitExceeded") | Some("TooManyRequests") => return Throttled,
+        Some("SlowDown")
+        | Some("Throttling")
+        | Some("ThrottlingException")
+        | Some("RequestLimitExceeded")
+        | Some("TooManyRequests") => return Throttled,
         Some("InvalidObjectState") => return Archived,
         _ => {}
     }
@@ -143,7 +146,10 @@ mod tests {
     #[test]
     fn codes_win_over_status() {
         assert_eq!(classify(Some(404), Some("NoSuchBucket")), NoSuchBucket);
-        assert_eq!(classify(Some(403), Some("SignatureDoesNotMatch")), BadCredentials);
+        assert_eq!(
+            classify(Some(403), Some("SignatureDoesNotMatch")),
+            BadCredentials
+        );
         assert_eq!(classify(Some(403), Some("InvalidObjectState")), Archived);
         assert_eq!(classify(Some(503), Some("SlowDown")), Throttled);
     }
@@ -161,6 +167,7 @@ mod tests {
         assert_eq!(classify(None, None), Other);
     }
 
+    // [S-ERR-TABLE]
     #[test]
     fn errno_table() {
         let table = [
@@ -190,6 +197,12 @@ mod tests {
         e.status = Some(412);
         e.request_id = Some("R1".into());
         let s = e.to_string();
-        assert!(s.contains("GetObject") && s.contains("\"a/b\"") && s.contains("412") && s.contains("R1"), "{s}");
+        assert!(
+            s.contains("GetObject")
+                && s.contains("\"a/b\"")
+                && s.contains("412")
+                && s.contains("R1"),
+            "{s}"
+        );
     }
 }

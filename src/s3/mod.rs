@@ -96,7 +96,8 @@ impl S3Client {
             loader = loader.no_credentials();
         }
         let sdk = loader.load().await;
-        let mut conf = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(opts.force_path_style);
+        let mut conf =
+            aws_sdk_s3::config::Builder::from(&sdk).force_path_style(opts.force_path_style);
         if sdk.region().is_none() {
             conf = conf.region(Region::from_static("us-east-1"));
         }
@@ -143,10 +144,21 @@ impl S3Client {
 
     /// HeadObject.
     pub async fn head(&self, key: &str) -> Result<ObjectInfo, S3Error> {
-        let span = tracing::debug_span!("s3", op = "HeadObject", key, request_id = tracing::field::Empty);
+        let span = tracing::debug_span!(
+            "s3",
+            op = "HeadObject",
+            key,
+            request_id = tracing::field::Empty
+        );
         async {
             let start = Instant::now();
-            let res = self.client.head_object().bucket(&self.bucket).key(key).send().await;
+            let res = self
+                .client
+                .head_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .send()
+                .await;
             log_outcome("HeadObject", key, start, &res);
             let out = res.map_err(|e| convert("HeadObject", key, e))?;
             Ok(ObjectInfo {
@@ -168,7 +180,12 @@ impl S3Client {
         token: Option<String>,
         max_keys: i32,
     ) -> Result<ListPage, S3Error> {
-        let span = tracing::debug_span!("s3", op = "ListObjectsV2", key = prefix, request_id = tracing::field::Empty);
+        let span = tracing::debug_span!(
+            "s3",
+            op = "ListObjectsV2",
+            key = prefix,
+            request_id = tracing::field::Empty
+        );
         async {
             let start = Instant::now();
             let res = self
@@ -256,7 +273,12 @@ impl S3Client {
                 let chunk = tokio::time::timeout(self.request_timeout, body.next())
                     .await
                     .map_err(|_| {
-                        S3Error::new(S3ErrorKind::Timeout, "GetObject", key, "response body stalled")
+                        S3Error::new(
+                            S3ErrorKind::Timeout,
+                            "GetObject",
+                            key,
+                            "response body stalled",
+                        )
                     })?;
                 let Some(chunk) = chunk else { break };
                 let chunk = chunk.map_err(|e| {
@@ -295,8 +317,12 @@ fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
 }
 
 /// One debug line per request: what the tests and `--log-level debug` users count on.
-fn log_outcome<T, E>(op: &'static str, key: &str, start: Instant, res: &Result<T, SdkError<E, HttpResponse>>)
-where
+fn log_outcome<T, E>(
+    op: &'static str,
+    key: &str,
+    start: Instant,
+    res: &Result<T, SdkError<E, HttpResponse>>,
+) where
     T: RequestId,
 {
     let ms = start.elapsed().as_secs_f64() * 1e3;

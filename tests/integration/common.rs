@@ -119,7 +119,10 @@ pub fn server() -> &'static Server {
             }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
-                panic!("SeaweedFS (pid {pid}) not ready after 90 s; log tail:\n{}", tail(&log, 3000));
+                panic!(
+                    "SeaweedFS (pid {pid}) not ready after 90 s; log tail:\n{}",
+                    tail(&log, 3000)
+                );
             }
             std::thread::sleep(Duration::from_millis(300));
         }
@@ -233,7 +236,10 @@ pub fn s3rdma() -> Command {
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("AWS_CONFIG_FILE", "/nonexistent/aws/config")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws/credentials");
+        .env(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "/nonexistent/aws/credentials",
+        );
     cmd
 }
 
@@ -271,7 +277,12 @@ impl Mount {
         let child = s3rdma()
             .arg(source)
             .arg(&path)
-            .args(["--endpoint-url", &server().endpoint, "--force-path-style", "--foreground"])
+            .args([
+                "--endpoint-url",
+                &server().endpoint,
+                "--force-path-style",
+                "--foreground",
+            ])
             .args(["--log-level", "debug", "--log-file"])
             .arg(&log)
             .args(extra)
@@ -289,12 +300,16 @@ impl Mount {
         while !is_mounted(&m.path) {
             if let Some(c) = m.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
-                    let err = std::fs::read_to_string(m.path.with_extension("stderr")).unwrap_or_default();
+                    let err = std::fs::read_to_string(m.path.with_extension("stderr"))
+                        .unwrap_or_default();
                     m.child = None;
                     panic!("s3rdma exited with {status} before mounting: {err}");
                 }
             }
-            assert!(Instant::now() < deadline, "mount did not appear within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "mount did not appear within 30 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         m
@@ -321,7 +336,9 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         // SAFETY: signalling our own child by PID.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(15);

@@ -22,7 +22,12 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, u64>) {
         if md.is_dir() {
             walk(root, &e.path(), out);
         } else {
-            let rel = e.path().strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             out.insert(rel, md.len());
         }
     }
@@ -32,21 +37,45 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, u64>) {
 #[test]
 fn nested_listing_and_stat() {
     let b = bucket("nested");
-    let keys = [("a/b/c.txt", 3), ("a/d.txt", 5), ("e.txt", 7), ("a/b/f/g", 11), ("x/y/z/w", 13)];
+    let keys = [
+        ("a/b/c.txt", 3),
+        ("a/d.txt", 5),
+        ("e.txt", 7),
+        ("a/b/f/g", 11),
+        ("x/y/z/w", 13),
+    ];
     for (k, n) in keys {
         put(&b, k, vec![b'k'; n]);
     }
-    let m = Mount::new(&b, &["--uid", "4242", "--gid", "4343", "--file-mode", "0640", "--dir-mode", "0750"]);
+    let m = Mount::new(
+        &b,
+        &[
+            "--uid",
+            "4242",
+            "--gid",
+            "4343",
+            "--file-mode",
+            "0640",
+            "--dir-mode",
+            "0750",
+        ],
+    );
     assert_eq!(names(&m.path), ["a", "e.txt", "x"]);
     assert_eq!(names(&m.join("a")), ["b", "d.txt"]);
     assert_eq!(names(&m.join("a/b")), ["c.txt", "f"]);
     let mut found = BTreeMap::new();
     walk(&m.path, &m.path, &mut found);
-    let want: BTreeMap<String, u64> = keys.iter().map(|(k, n)| (k.to_string(), *n as u64)).collect();
+    let want: BTreeMap<String, u64> = keys
+        .iter()
+        .map(|(k, n)| (k.to_string(), *n as u64))
+        .collect();
     assert_eq!(found, want);
     let f = std::fs::metadata(m.join("a/b/c.txt")).unwrap();
     assert!(f.is_file());
-    assert_eq!((f.len(), f.uid(), f.gid(), f.mode() & 0o7777), (3, 4242, 4343, 0o640));
+    assert_eq!(
+        (f.len(), f.uid(), f.gid(), f.mode() & 0o7777),
+        (3, 4242, 4343, 0o640)
+    );
     let d = std::fs::metadata(m.join("x/y")).unwrap();
     assert!(d.is_dir());
     assert_eq!(d.mode() & 0o7777, 0o750);
@@ -71,16 +100,34 @@ fn nested_listing_and_stat() {
 #[test]
 fn keys_with_spaces_unicode_percent_plus() {
     let b = bucket("names");
-    let keys = ["with space.txt", "ünïcødé/文件.bin", "100%.txt", "a+b=c.txt", "semi;colon&amp", "dir with space/x y"];
+    let keys = [
+        "with space.txt",
+        "ünïcødé/文件.bin",
+        "100%.txt",
+        "a+b=c.txt",
+        "semi;colon&amp",
+        "dir with space/x y",
+    ];
     for (i, k) in keys.iter().enumerate() {
         put(&b, k, format!("content {i}").into_bytes());
     }
     let m = Mount::new(&b, &[]);
     for (i, k) in keys.iter().enumerate() {
-        assert_eq!(std::fs::read_to_string(m.join(k)).unwrap(), format!("content {i}"), "{k}");
+        assert_eq!(
+            std::fs::read_to_string(m.join(k)).unwrap(),
+            format!("content {i}"),
+            "{k}"
+        );
     }
     let ls = names(&m.path);
-    for top in ["with space.txt", "ünïcødé", "100%.txt", "a+b=c.txt", "semi;colon&amp", "dir with space"] {
+    for top in [
+        "with space.txt",
+        "ünïcødé",
+        "100%.txt",
+        "a+b=c.txt",
+        "semi;colon&amp",
+        "dir with space",
+    ] {
         assert!(ls.contains(&top.to_string()), "{top} missing from {ls:?}");
     }
 }
@@ -94,7 +141,10 @@ fn implicit_and_marker_directories() {
     put(&b, "marker-and-file/", Vec::new());
     put(&b, "marker-and-file/inner", b"2".to_vec());
     let m = Mount::new(&b, &[]);
-    assert_eq!(names(&m.path), ["implicit", "marker-and-file", "marker-only"]);
+    assert_eq!(
+        names(&m.path),
+        ["implicit", "marker-and-file", "marker-only"]
+    );
     for d in ["implicit", "marker-only", "marker-and-file"] {
         assert!(std::fs::metadata(m.join(d)).unwrap().is_dir(), "{d}");
     }
@@ -117,7 +167,10 @@ fn file_and_directory_of_the_same_name_shows_the_directory() {
     // By lookup first (no listing yet).
     assert!(std::fs::metadata(m.join("clash")).unwrap().is_dir());
     assert_eq!(names(&m.path), ["clash"]);
-    assert_eq!(std::fs::read(m.join("clash/inner")).unwrap(), b"i am inside");
+    assert_eq!(
+        std::fs::read(m.join("clash/inner")).unwrap(),
+        b"i am inside"
+    );
     assert!(m.log_text().contains("a directory of the same name exists"));
 }
 
@@ -133,7 +186,10 @@ fn names_up_to_255_bytes_work_and_longer_ones_are_refused() {
     put(&b, "long/short", b"ok".to_vec());
     let m = Mount::new(&b, &[]);
     assert_eq!(names(&m.join("long")), [max.clone(), "short".to_string()]);
-    assert_eq!(std::fs::read(m.join("long").join(&max)).unwrap(), b"255 bytes is fine");
+    assert_eq!(
+        std::fs::read(m.join("long").join(&max)).unwrap(),
+        b"255 bytes is fine"
+    );
     let e = std::fs::metadata(m.join("long").join("L".repeat(256))).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG));
 }
@@ -142,17 +198,26 @@ fn names_up_to_255_bytes_work_and_longer_ones_are_refused() {
 #[test]
 fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     let b = bucket("tenk");
-    let keys: Vec<String> = (0..10_000).map(|i| format!("big/file-{i:05}.bin")).collect();
+    let keys: Vec<String> = (0..10_000)
+        .map(|i| format!("big/file-{i:05}.bin"))
+        .collect();
     put_many(&b, keys, b"0123456789");
     let m = Mount::new(&b, &["--metadata-ttl", "60s"]);
     let start = Instant::now();
-    let out = Command::new("ls").arg("-l").arg(m.join("big")).output().unwrap();
+    let out = Command::new("ls")
+        .arg("-l")
+        .arg(m.join("big"))
+        .output()
+        .unwrap();
     let secs = start.elapsed().as_secs_f64();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     let files: Vec<&str> = text.lines().filter(|l| l.starts_with('-')).collect();
     assert_eq!(files.len(), 10_000);
-    assert!(files.iter().all(|l| l.contains(" 10 ")), "sizes come from the listing");
+    assert!(
+        files.iter().all(|l| l.contains(" 10 ")),
+        "sizes come from the listing"
+    );
     let lists = m.count_requests("ListObjectsV2");
     let heads = m.count_requests("HeadObject");
     eprintln!("ls -l of 10,000 entries: {secs:.2} s, {lists} ListObjectsV2, {heads} HeadObject");
@@ -198,12 +263,22 @@ fn new_and_removed_keys_appear_after_the_ttl() {
     let b = bucket("ttl");
     put(&b, "stay", b"1".to_vec());
     let m = Mount::new(&b, &["--metadata-ttl", "300ms"]);
-    assert_eq!(std::fs::metadata(m.join("later")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert_eq!(
+        std::fs::metadata(m.join("later"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOENT)
+    );
     put(&b, "later", b"22".to_vec());
     delete(&b, "stay");
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(std::fs::metadata(m.join("later")).unwrap().len(), 2);
-    assert_eq!(std::fs::metadata(m.join("stay")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert_eq!(
+        std::fs::metadata(m.join("stay"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOENT)
+    );
     assert_eq!(names(&m.path), ["later"]);
 }
 
@@ -222,4 +297,43 @@ fn statfs_reports_sane_values() {
     assert!(st.f_flag & libc::ST_RDONLY != 0);
     let df = Command::new("df").arg(&m.path).output().unwrap();
     assert!(df.status.success());
+}
+
+// [S-NS-XATTR]
+#[test]
+fn xattrs_are_not_supported() {
+    let b = bucket("xattr");
+    put(&b, "f", b"x".to_vec());
+    let m = Mount::new(&b, &[]);
+    let path = std::ffi::CString::new(m.join("f").to_string_lossy().as_bytes()).unwrap();
+    let name = c"user.test";
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and buffer.
+    let r = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
+    // SAFETY: as above.
+    let r = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
+    // SAFETY: as above.
+    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), buf.as_ptr().cast(), 1, 0) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EROFS)
+    );
 }

@@ -52,13 +52,18 @@ fn random_seek_and_read_returns_the_right_bytes() {
     let mut f = std::fs::File::open(m.join("blob.bin")).unwrap();
     let mut x: u64 = 12345;
     for i in 0..200 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let off = (x >> 16) as usize % len;
         let want = [1usize, 4096, 100_000, 1 << 20, 3 << 20][i % 5].min(len - off);
         f.seek(SeekFrom::Start(off as u64)).unwrap();
         let mut got = vec![0u8; want];
         f.read_exact(&mut got).unwrap();
-        assert!(got == data[off..off + want], "mismatch at offset {off} len {want}");
+        assert!(
+            got == data[off..off + want],
+            "mismatch at offset {off} len {want}"
+        );
     }
     // Reads at and past the end.
     f.seek(SeekFrom::Start(len as u64 - 10)).unwrap();
@@ -100,14 +105,18 @@ fn object_replaced_while_open_fails_old_handle_and_reopen_sees_new() {
     // Far from what was read or prefetched: needs a new GET, which If-Match refuses.
     old.seek(SeekFrom::Start(30 << 20)).unwrap();
     let mut buf = vec![0u8; 65536];
-    let err = old.read_exact(&mut buf).expect_err("read of a replaced object must fail");
+    let err = old
+        .read_exact(&mut buf)
+        .expect_err("read of a replaced object must fail");
     assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
     // Whatever the old handle still returns comes from v1, never v2.
     old.seek(SeekFrom::Start(0)).unwrap();
     if old.read_exact(&mut head).is_ok() {
         assert_eq!(head, v1[..4096]);
     }
-    assert!(m.log_text().contains("replaced or deleted since it was opened"));
+    assert!(m
+        .log_text()
+        .contains("replaced or deleted since it was opened"));
 
     // A new open pins the new version.
     let got = std::fs::read(m.join("model.bin")).unwrap();
@@ -134,7 +143,9 @@ fn object_deleted_while_open() {
     f.read_exact(&mut buf).unwrap();
     delete(&b, "f");
     f.seek(SeekFrom::Start(6 << 20)).unwrap();
-    let err = f.read_exact(&mut buf).expect_err("read of a deleted object must fail");
+    let err = f
+        .read_exact(&mut buf)
+        .expect_err("read of a deleted object must fail");
     // The pinned version is gone: ESTALE, whether the server answers 404 or 412.
     assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
     drop(f);
@@ -151,9 +162,15 @@ fn writes_are_refused_with_erofs() {
     let b = bucket("rofs");
     put(&b, "f", b"x".to_vec());
     let m = Mount::new(&b, &[]);
-    let erofs = |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    let erofs =
+        |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
     erofs(std::fs::write(m.join("new"), b"y"));
-    erofs(std::fs::OpenOptions::new().append(true).open(m.join("f")).map(|_| ()));
+    erofs(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.join("f"))
+            .map(|_| ()),
+    );
     erofs(std::fs::create_dir(m.join("d")));
     erofs(std::fs::remove_file(m.join("f")));
     erofs(std::fs::rename(m.join("f"), m.join("g")));

@@ -11,7 +11,10 @@ fn tags(text: &str) -> BTreeSet<String> {
         rest = &rest[i + 1..];
         if let Some(end) = rest.find(']') {
             let tag = &rest[..end];
-            if tag.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '-') {
+            if tag
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '-')
+            {
                 out.insert(tag.to_string());
             }
         }
@@ -24,7 +27,11 @@ fn every_semantics_statement_is_tested() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("SEMANTICS.md")).expect("SEMANTICS.md");
     let documented = tags(&doc);
-    assert!(documented.len() >= 20, "SEMANTICS.md has only {} tagged statements", documented.len());
+    assert!(
+        documented.len() >= 20,
+        "SEMANTICS.md has only {} tagged statements",
+        documented.len()
+    );
     let mut tested = BTreeSet::new();
     let mut dirs = vec![root.join("tests/integration"), root.join("src")];
     while let Some(dir) = dirs.pop() {
@@ -32,11 +39,15 @@ fn every_semantics_statement_is_tested() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("tests/integration/semantics.rs") {
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !path.ends_with("tests/integration/semantics.rs")
+            {
                 let text = std::fs::read_to_string(&path).unwrap();
                 // Only tags inside test code count: src/ files must hold them in a test module.
                 let text = if path.starts_with(root.join("src")) {
-                    text.split_once("#[cfg(test)]").map(|(_, t)| t.to_string()).unwrap_or_default()
+                    text.split_once("#[cfg(test)]")
+                        .map(|(_, t)| t.to_string())
+                        .unwrap_or_default()
                 } else {
                     text
                 };
@@ -45,7 +56,13 @@ fn every_semantics_statement_is_tested() {
         }
     }
     let untested: Vec<_> = documented.difference(&tested).collect();
-    assert!(untested.is_empty(), "SEMANTICS.md statements without a test: {untested:?}");
+    assert!(
+        untested.is_empty(),
+        "SEMANTICS.md statements without a test: {untested:?}"
+    );
     let undocumented: Vec<_> = tested.difference(&documented).collect();
-    assert!(undocumented.is_empty(), "tests name tags SEMANTICS.md lacks: {undocumented:?}");
+    assert!(
+        undocumented.is_empty(),
+        "tests name tags SEMANTICS.md lacks: {undocumented:?}"
+    );
 }

