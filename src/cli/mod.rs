@@ -15,7 +15,12 @@ use crate::s3::S3Options;
 use units::{parse_bool, parse_duration, parse_mode, parse_size};
 
 /// Version and commit, e.g. "0.1.0 (commit 1a2b3c4d5e6f)".
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("S3RDMA_COMMIT"), ")");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("S3RDMA_COMMIT"),
+    ")"
+);
 
 const ABOUT: &str = "Mount an S3 bucket (or a prefix of it) as a file system.";
 
