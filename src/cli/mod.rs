@@ -520,7 +520,7 @@ mod tests {
                 "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
                 "read_part_size" | "max_prefetch" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
-                _ if arg.get_num_args().is_some_and(|n| n.takes_values()) => Some("1"),
+                _ if arg.get_action().takes_values() => Some("1"),
                 _ => None,
             };
             cli.apply_option(&key, sample)
