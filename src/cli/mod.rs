@@ -435,7 +435,11 @@ impl Settings {
 
     /// The source as shown in /proc/mounts.
     pub fn fsname(&self) -> String {
-        format!("{}:{}", self.bucket, self.prefix)
+        if self.prefix.is_empty() {
+            self.bucket.clone()
+        } else {
+            format!("{}:{}", self.bucket, self.prefix)
+        }
     }
 }
 
