@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod fs;
 pub mod logging;
 pub mod mount;
+pub mod rdma;
 pub mod read;
 pub mod s3;
 pub mod startup;

@@ -1,6 +1,11 @@
 use clap::Parser;
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 2 && matches!(args[1].as_str(), "--version" | "-V") {
+        print!("{}", s3rdma::rdma::version_report());
+        return;
+    }
     let cli = s3rdma::cli::Cli::parse();
     match s3rdma::cli::Settings::from_cli(cli) {
         Ok(settings) => s3rdma::mount::run(settings),

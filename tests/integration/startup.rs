@@ -190,8 +190,18 @@ fn daemon_returns_once_mounted_and_reports_errors() {
 // [S-START-HELP]
 #[test]
 fn help_and_version() {
-    let (c, _) = run(&["--version"]);
-    assert_eq!(c, 0);
+    let out = s3rdma().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.contains("cuObject provider: loopback")
+            || version.contains("cuObject provider: nvidia"),
+        "{version}"
+    );
+    assert!(
+        version.contains("RDMA device:") && version.contains("max registration: 4294901760"),
+        "{version}"
+    );
     let out = s3rdma().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);

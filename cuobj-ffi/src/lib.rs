@@ -1,0 +1,438 @@
+//! Safe binding of NVIDIA cuObject's client (S3-over-RDMA), through a C++ shim.
+//!
+//! One client per process ([`client`]); memory is registered ([`Registration`], deregistered on
+//! drop) and tokens are minted for sub-ranges of a registration ([`Token`], freed on drop). The
+//! provider is chosen at build time: NVIDIA's libcuobjclient when its SDK is found, else the
+//! project's loopback implementation (see [`loopback`]), with the same API.
+
+pub mod loopback;
+
+use std::ffi::CStr;
+use std::fmt;
+use std::marker::PhantomData;
+use std::os::raw::c_char;
+use std::ptr::NonNull;
+use std::sync::OnceLock;
+
+#[allow(non_camel_case_types, non_upper_case_globals, dead_code)]
+mod sys {
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+
+/// Which implementation of cuObjClient is linked in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    /// NVIDIA's libcuobjclient: real RDMA over a ConnectX NIC.
+    Nvidia,
+    /// The project's loopback provider, understood only by `s3rdma-endpoint`.
+    Loopback,
+}
+
+impl Provider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Nvidia => "nvidia",
+            Provider::Loopback => "loopback",
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The provider this build uses.
+pub fn provider() -> Provider {
+    // SAFETY: returns a static NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(sys::s3rdma_cuobj_provider()) };
+    if name.to_bytes() == b"nvidia" {
+        Provider::Nvidia
+    } else {
+        Provider::Loopback
+    }
+}
+
+/// The largest registration (and token window): min(CUOBJ_MAX_MEMORY_REG_SIZE, 2^32 - 1),
+/// i.e. 4 GiB - 64 KiB on current releases.
+pub fn max_registration_size() -> usize {
+    // SAFETY: no arguments, no state.
+    let n = unsafe { sys::s3rdma_cuobj_max_registration_size() };
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// Direction of a transfer, from the client's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// The server writes into our memory (GetObject).
+    Get,
+    /// The server reads from our memory (PutObject, UploadPart).
+    Put,
+}
+
+/// Where a pointer's memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryType {
+    System,
+    CudaManaged,
+    CudaDevice,
+    Unknown,
+    Invalid,
+}
+
+/// The memory type of `ptr` as cuObject sees it.
+pub fn memory_type(ptr: *const u8) -> MemoryType {
+    // SAFETY: the call only inspects the pointer value.
+    match unsafe { sys::s3rdma_cuobj_memory_type(ptr.cast()) } as u32 {
+        sys::S3RDMA_CUOBJ_MEM_SYSTEM => MemoryType::System,
+        sys::S3RDMA_CUOBJ_MEM_CUDA_MANAGED => MemoryType::CudaManaged,
+        sys::S3RDMA_CUOBJ_MEM_CUDA_DEVICE => MemoryType::CudaDevice,
+        sys::S3RDMA_CUOBJ_MEM_UNKNOWN => MemoryType::Unknown,
+        _ => MemoryType::Invalid,
+    }
+}
+
+/// A failed cuObject call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error(pub String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The process's cuObject client.
+pub struct Client {
+    raw: NonNull<sys::s3rdma_cuobj_client>,
+}
+
+// SAFETY: cuObjClient is documented for use from many threads (callbacks run on others); the
+// shim serialises nothing itself, and the loopback provider locks its own state.
+unsafe impl Send for Client {}
+// SAFETY: as above.
+unsafe impl Sync for Client {}
+
+static CLIENT: OnceLock<Result<Client, Error>> = OnceLock::new();
+
+/// The one client of this process, constructed on first use. Per-call construction is racy in
+/// the real library, so there is never a second one.
+pub fn client() -> Result<&'static Client, Error> {
+    CLIENT
+        .get_or_init(|| {
+            // SAFETY: plain constructor; NULL on failure.
+            let raw = unsafe { sys::s3rdma_cuobj_client_new() };
+            NonNull::new(raw).map(|raw| Client { raw }).ok_or_else(|| {
+                Error(format!(
+                    "cuObjClient construction failed ({} provider): missing RDMA NIC, cuFile/cuObject configuration (CUFILE_ENV_PATH_JSON, rdma_dev_addr_list) or version-matched libraries",
+                    provider()
+                ))
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+impl Client {
+    /// Whether a usable RDMA device was found (for the loopback provider: whether this process
+    /// can identify itself to the loopback endpoint).
+    pub fn is_connected(&self) -> bool {
+        // SAFETY: valid client pointer.
+        unsafe { sys::s3rdma_cuobj_is_connected(self.raw.as_ptr()) == 1 }
+    }
+
+    /// Register (pin) `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// The memory must stay mapped and valid until the returned [`Registration`] is dropped,
+    /// and must not be registered twice.
+    pub unsafe fn register(&'static self, ptr: *mut u8, len: usize) -> Result<Registration, Error> {
+        if ptr.is_null() || len == 0 {
+            return Err(Error("cannot register an empty buffer".into()));
+        }
+        let max = max_registration_size();
+        if len > max {
+            return Err(Error(format!(
+                "buffer of {len} bytes exceeds the cuObject registration limit of {max} bytes; split it"
+            )));
+        }
+        // SAFETY: the caller guarantees the memory; the client pointer is valid.
+        let rc = unsafe { sys::s3rdma_cuobj_register(self.raw.as_ptr(), ptr.cast(), len) };
+        if rc as u32 != sys::S3RDMA_CUOBJ_OK {
+            return Err(Error(format!(
+                "cuMemObjGetDescriptor failed for {len} bytes at {ptr:p} (memory type {:?}; RLIMIT_MEMLOCK may be too low)",
+                memory_type(ptr)
+            )));
+        }
+        Ok(Registration {
+            client: self,
+            ptr,
+            len,
+        })
+    }
+}
+
+/// Registered memory; deregistered on drop. Drop it only once no transfer uses it.
+pub struct Registration {
+    client: &'static Client,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a registration is an address range plus the process-wide client.
+unsafe impl Send for Registration {}
+// SAFETY: minting tokens from several threads is allowed.
+unsafe impl Sync for Registration {}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Registration({:p}, {} bytes)", self.ptr, self.len)
+    }
+}
+
+impl Registration {
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Mint a token for `len` bytes at `offset` into the registration.
+    pub fn token(&self, offset: usize, len: usize, op: Op) -> Result<Token<'_>, Error> {
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error(format!(
+                "token window {offset}+{len} is outside the {}-byte registration",
+                self.len
+            )));
+        }
+        let kind = match op {
+            Op::Get => sys::S3RDMA_CUOBJ_GET,
+            Op::Put => sys::S3RDMA_CUOBJ_PUT,
+        } as i32;
+        let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: valid client, registered pointer, out-pointer to a local.
+        let rc = unsafe {
+            sys::s3rdma_cuobj_get_token(
+                self.client.raw.as_ptr(),
+                self.ptr.cast(),
+                len,
+                offset,
+                kind,
+                &mut out,
+            )
+        };
+        if rc as u32 != sys::S3RDMA_CUOBJ_OK || out.is_null() {
+            return Err(Error(format!(
+                "cuMemObjGetRDMAToken failed for {offset}+{len}"
+            )));
+        }
+        // SAFETY: the library returned a NUL-terminated string it owns until put_token.
+        let text = unsafe { CStr::from_ptr(out) }.to_str().map(str::to_owned);
+        match text {
+            Ok(text) => Ok(Token {
+                client: self.client,
+                raw: out,
+                text,
+                _reg: PhantomData,
+            }),
+            Err(_) => {
+                // SAFETY: returning the string we were given.
+                unsafe { sys::s3rdma_cuobj_put_token(self.client.raw.as_ptr(), out) };
+                Err(Error("cuObject returned a token that is not ASCII".into()))
+            }
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: the pointer is the start of a live registration.
+        unsafe { sys::s3rdma_cuobj_deregister(self.client.raw.as_ptr(), self.ptr.cast()) };
+    }
+}
+
+/// A token (RDMA descriptor) for one transfer; freed on drop. Send it verbatim in
+/// `x-amz-rdma-token`.
+pub struct Token<'r> {
+    client: &'static Client,
+    raw: *mut c_char,
+    text: String,
+    _reg: PhantomData<&'r Registration>,
+}
+
+// SAFETY: the token string is owned by this value until drop.
+unsafe impl Send for Token<'_> {}
+// SAFETY: only read through &self.
+unsafe impl Sync for Token<'_> {}
+
+impl Token<'_> {
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Debug for Token<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({})", self.text)
+    }
+}
+
+impl Drop for Token<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the original pointer from get_token, freed once.
+        unsafe { sys::s3rdma_cuobj_put_token(self.client.raw.as_ptr(), self.raw) };
+    }
+}
+
+/// Page-aligned anonymous memory, registered with cuObject; unmapped after deregistration.
+pub struct RegisteredBuffer {
+    reg: Option<Registration>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: owns its mapping.
+unsafe impl Send for RegisteredBuffer {}
+// SAFETY: shared access is read-only through &self.
+unsafe impl Sync for RegisteredBuffer {}
+
+impl RegisteredBuffer {
+    /// Map and register `len` zeroed bytes.
+    pub fn new(len: usize) -> Result<Self, Error> {
+        let client = client()?;
+        if len == 0 {
+            return Err(Error("cannot register an empty buffer".into()));
+        }
+        // SAFETY: anonymous private mapping; checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error(format!(
+                "mmap of {len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| Error("mmap returned NULL".into()))?;
+        // SAFETY: the mapping lives until Drop, after the registration is dropped.
+        match unsafe { client.register(ptr.as_ptr(), len) } {
+            Ok(reg) => Ok(RegisteredBuffer {
+                reg: Some(reg),
+                ptr,
+                len,
+            }),
+            Err(e) => {
+                // SAFETY: unmapping what we mapped.
+                unsafe { libc::munmap(p, len) };
+                Err(e)
+            }
+        }
+    }
+
+    pub fn registration(&self) -> &Registration {
+        self.reg.as_ref().expect("registration lives until drop")
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is valid for len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: unique access through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for RegisteredBuffer {
+    fn drop(&mut self) {
+        drop(self.reg.take());
+        // SAFETY: unmapping our own mapping after deregistration.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_and_provider() {
+        assert_eq!(max_registration_size(), 4 * 1024 * 1024 * 1024 - 64 * 1024);
+        #[cfg(cuobj_provider = "loopback")]
+        assert_eq!(provider(), Provider::Loopback);
+        assert_eq!(memory_type(std::ptr::null()), MemoryType::Invalid);
+        let x = 0u8;
+        assert_eq!(memory_type(&x), MemoryType::System);
+    }
+
+    #[cfg(cuobj_provider = "loopback")]
+    #[test]
+    fn loopback_tokens_have_the_dc_v1_shape_and_window() {
+        let c = client().expect("client");
+        assert!(c.is_connected());
+        let mut buf = RegisteredBuffer::new(1 << 20).expect("register");
+        buf.as_mut_slice()[4096] = 7;
+        let reg = buf.registration();
+        let t = reg.token(4096, 8192, Op::Get).expect("token");
+        let s = t.as_str();
+        assert_eq!(s.len(), 81, "{s}");
+        let fields: Vec<&str> = s.split(':').collect();
+        assert_eq!(fields.len(), 7);
+        assert_eq!(
+            fields.iter().map(|f| f.len()).collect::<Vec<_>>(),
+            [16, 8, 8, 4, 6, 1, 32]
+        );
+        assert!(s
+            .chars()
+            .all(|c| c == ':' || c.is_ascii_digit() || ('a'..='f').contains(&c)));
+        let parsed = loopback::LoopbackToken::parse(s).expect("parse");
+        assert_eq!(parsed.addr, reg.as_ptr() as u64 + 4096);
+        assert_eq!(parsed.size, 8192);
+        assert_eq!(parsed.pid, std::process::id());
+        assert!(parsed.is_live_process());
+        // Windows outside the registration are refused, by us and by the provider.
+        assert!(reg.token(0, 0, Op::Put).is_err());
+        assert!(reg.token((1 << 20) - 10, 11, Op::Put).is_err());
+        assert!(reg.token(usize::MAX, 2, Op::Put).is_err());
+    }
+
+    #[test]
+    fn oversized_and_double_registrations_fail() {
+        let c = client().expect("client");
+        let mut v = vec![0u8; 4096];
+        // SAFETY: no registration is created (size check fails first).
+        let e = unsafe { c.register(v.as_mut_ptr(), max_registration_size() + 1) }.unwrap_err();
+        assert!(e.0.contains("split"), "{e}");
+        let buf = RegisteredBuffer::new(8192).expect("register");
+        // SAFETY: the second registration must be refused; nothing is left registered.
+        let again = unsafe { c.register(buf.registration().as_ptr(), 4096) };
+        #[cfg(cuobj_provider = "loopback")]
+        assert!(again.is_err(), "overlapping registration accepted");
+        drop(again);
+    }
+}
