@@ -1,4 +1,7 @@
-//! The RDMA side of the data plane: the cuObject provider, and what `--version` reports of it.
+//! The RDMA side of the data plane: the cuObject provider, the reply contract, checksums.
+
+pub mod checksum;
+pub mod reply;
 
 /// `s3rdma --version`: the version, the cuObject provider built in, and whether a usable RDMA
 /// device was found.
