@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod daemon;
+pub mod endpoint;
 pub mod fs;
 pub mod logging;
 pub mod mount;

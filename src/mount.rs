@@ -38,7 +38,13 @@ pub fn run(settings: Settings) -> ! {
         Err(e) => readiness.fail(&format!("cannot start the I/O runtime: {e}")),
     };
 
+    if let Err(msg) =
+        crate::rdma::resolve_mode(settings.s3.rdma, settings.s3.endpoint_url.as_deref())
+    {
+        readiness.fail(&msg);
+    }
     let s3 = rt.block_on(S3Client::new(&settings.s3));
+    let stats = s3.stats().clone();
     if let Err(msg) = rt.block_on(startup::check_bucket(&s3, &settings.prefix)) {
         readiness.fail(&msg);
     }
@@ -106,7 +112,7 @@ pub fn run(settings: Settings) -> ! {
     let result = session.run();
     match result {
         Ok(()) => {
-            info!(mountpoint = %mountpoint.display(), "unmounted");
+            info!(mountpoint = %mountpoint.display(), stats = %stats.summary(), "unmounted");
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             std::process::exit(0)
         }

@@ -58,6 +58,7 @@ fn is_mountpoint(abs: &Path, meta: &std::fs::Metadata) -> bool {
 
 /// Check that the credentials resolve and that the bucket can be listed at `prefix`.
 pub async fn check_bucket(s3: &S3Client, prefix: &str) -> Result<(), String> {
+    tracing::info!(rdma = ?s3.rdma_mode(), provider = %cuobj_ffi::provider(), "data plane");
     s3.check_credentials()
         .await
         .map_err(|e| explain(s3, prefix, &e))?;

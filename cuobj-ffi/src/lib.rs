@@ -293,9 +293,48 @@ impl Drop for Token<'_> {
     }
 }
 
+/// A token that keeps its registration alive: for holders that must be `'static` (an SDK
+/// interceptor that mints a fresh token on every attempt).
+pub struct OwnedToken {
+    // Field order matters: the token is freed before the registration may go.
+    token: Token<'static>,
+    _reg: std::sync::Arc<Registration>,
+}
+
+impl OwnedToken {
+    /// Mint a token for `len` bytes at `offset` into `reg`.
+    pub fn mint(
+        reg: &std::sync::Arc<Registration>,
+        offset: usize,
+        len: usize,
+        op: Op,
+    ) -> Result<Self, Error> {
+        let token = reg.token(offset, len, op)?;
+        // SAFETY: the token borrows the registration, which the Arc stored beside it keeps alive
+        // for as long as the token exists (fields drop in declaration order).
+        let token: Token<'static> =
+            unsafe { std::mem::transmute::<Token<'_>, Token<'static>>(token) };
+        Ok(OwnedToken {
+            token,
+            _reg: reg.clone(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.token.as_str()
+    }
+}
+
+impl fmt::Debug for OwnedToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.token.fmt(f)
+    }
+}
+
 /// Page-aligned anonymous memory, registered with cuObject; unmapped after deregistration.
+/// Drop it only when no transfer into it is in flight.
 pub struct RegisteredBuffer {
-    reg: Option<Registration>,
+    reg: Option<std::sync::Arc<Registration>>,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -333,7 +372,7 @@ impl RegisteredBuffer {
         // SAFETY: the mapping lives until Drop, after the registration is dropped.
         match unsafe { client.register(ptr.as_ptr(), len) } {
             Ok(reg) => Ok(RegisteredBuffer {
-                reg: Some(reg),
+                reg: Some(std::sync::Arc::new(reg)),
                 ptr,
                 len,
             }),
@@ -345,7 +384,7 @@ impl RegisteredBuffer {
         }
     }
 
-    pub fn registration(&self) -> &Registration {
+    pub fn registration(&self) -> &std::sync::Arc<Registration> {
         self.reg.as_ref().expect("registration lives until drop")
     }
 
@@ -365,6 +404,12 @@ impl RegisteredBuffer {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+impl AsRef<[u8]> for RegisteredBuffer {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
     }
 }
 

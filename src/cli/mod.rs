@@ -11,7 +11,7 @@ use fuser::MountOption;
 use crate::fs::names;
 use crate::fs::FsConfig;
 use crate::read::ReadConfig;
-use crate::s3::S3Options;
+use crate::s3::{RdmaMode, S3Options};
 use units::{parse_bool, parse_duration, parse_mode, parse_size};
 
 /// Version and commit, e.g. "0.1.0 (commit 1a2b3c4d5e6f)".
@@ -97,6 +97,17 @@ pub struct Cli {
     /// [default: 30s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3")]
     pub request_timeout: Option<Duration>,
+
+    /// Move object data over S3-over-RDMA (cuObject): 'auto' uses RDMA and moves a request the
+    /// endpoint declines over HTTP (counted, logged); 'required' fails it instead; 'off' never
+    /// mints tokens. The loopback provider (no NVIDIA SDK) is used only with a loopback
+    /// endpoint [default: auto]
+    #[arg(long, value_name = "MODE", value_parser = parse_rdma, help_heading = "S3")]
+    pub rdma: Option<RdmaMode>,
+
+    /// Accept Ceph RGW's x-amz-rdma-reply 200 on an HTTP 206 ranged GET
+    #[arg(long, help_heading = "S3")]
+    pub rdma_accept_206_200: bool,
 
     // ---- Mount ----
     /// Mount read-only (-o ro). This version does not write to S3 yet: every mount is
@@ -243,6 +254,8 @@ impl Cli {
             "force_path_style" => self.force_path_style = flag(value)?,
             "no_sign_request" => self.no_sign_request = flag(value)?,
             "prefix" => self.prefix = Some(need(value)?),
+            "rdma" => self.rdma = Some(with_key(key, parse_rdma(&need(value)?))?),
+            "rdma_accept_206_200" => self.rdma_accept_206_200 = flag(value)?,
             "max_attempts" => self.max_attempts = Some(num(value)? as u32),
             "request_timeout" => self.request_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
             "read_only" | "ro" => self.read_only = flag(value)?,
@@ -279,6 +292,10 @@ impl Cli {
         }
         Ok(())
     }
+}
+
+fn parse_rdma(s: &str) -> Result<RdmaMode, String> {
+    s.parse()
 }
 
 fn with_key<T>(key: &str, r: Result<T, String>) -> Result<T, String> {
@@ -365,9 +382,10 @@ impl Settings {
             }
         }
         let read_part_size = cli.read_part_size.unwrap_or(8 << 20);
-        if !(64 << 10..=4 << 30).contains(&read_part_size) {
+        let max_part = cuobj_ffi::max_registration_size() as u64;
+        if !(64 << 10..=max_part).contains(&read_part_size) {
             return Err(format!(
-                "read part size {read_part_size} is out of range; use 64KiB to 4GiB (default 8MiB)"
+                "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit; default 8MiB)"
             ));
         }
         let max_threads = cli.max_threads.unwrap_or(16);
@@ -405,6 +423,8 @@ impl Settings {
                 max_attempts,
                 connect_timeout: Duration::from_secs(5),
                 request_timeout: cli.request_timeout.unwrap_or(Duration::from_secs(30)),
+                rdma: cli.rdma.unwrap_or_default(),
+                rdma_accept_206_200: cli.rdma_accept_206_200,
             },
             fs: FsConfig {
                 uid: cli.uid.unwrap_or(uid),
@@ -524,6 +544,7 @@ mod tests {
                 "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
                 "read_part_size" | "max_prefetch" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
+                "rdma" => Some("auto"),
                 _ if arg.get_action().takes_values() => Some("1"),
                 _ => None,
             };

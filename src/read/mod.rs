@@ -16,7 +16,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
-use crate::s3::{S3Client, S3Error, S3ErrorKind};
+use crate::s3::{RdmaMode, S3Client, S3Error, S3ErrorKind};
 
 /// Read-ahead tuning.
 #[derive(Clone, Copy, Debug)]
@@ -231,6 +231,8 @@ impl Drop for ObjectReader {
     }
 }
 
+/// GET one range: over RDMA into a freshly registered buffer when the mount uses RDMA, else
+/// over HTTP into plain memory.
 async fn fetch(
     s3: S3Client,
     key: String,
@@ -238,9 +240,35 @@ async fn fetch(
     start: u64,
     len: usize,
 ) -> Result<Bytes, S3Error> {
-    let mut buf = vec![0u8; len];
-    match s3.get_range_into(&key, &etag, start, &mut buf).await {
-        Ok(()) => Ok(Bytes::from(buf)),
+    let (s3r, keyr, etagr) = (&s3, &key, &etag);
+    let http = || async move {
+        let mut buf = vec![0u8; len];
+        s3r.get_range_into(keyr, etagr, start, &mut buf)
+            .await
+            .map(|()| Bytes::from(buf))
+    };
+    let result = if s3.rdma_mode() == RdmaMode::Off {
+        http().await
+    } else {
+        match cuobj_ffi::RegisteredBuffer::new(len) {
+            Ok(mut buf) => s3
+                .get_range_rdma(&key, &etag, start, &mut buf)
+                .await
+                .map(|()| Bytes::from_owner(buf)),
+            Err(e) if s3.rdma_mode() == RdmaMode::Required => Err(S3Error::new(
+                S3ErrorKind::RdmaDeclined,
+                "GetObject",
+                &key,
+                e.to_string(),
+            )),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot register a read buffer; reading over HTTP");
+                http().await
+            }
+        }
+    };
+    match result {
+        Ok(b) => Ok(b),
         // The version this handle pinned is gone either way: deleted reads like replaced.
         Err(mut e) if e.kind == S3ErrorKind::NotFound => {
             e.kind = S3ErrorKind::PreconditionFailed;

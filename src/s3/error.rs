@@ -29,8 +29,11 @@ pub enum S3ErrorKind {
     Timeout,
     /// InvalidObjectState: archived (Glacier / Deep Archive) and not restored.
     Archived,
-    /// The response did not match what we asked for (short body, wrong length).
+    /// The response did not match what we asked for (short body, wrong length, a reply that
+    /// breaks the RDMA contract).
     BadResponse,
+    /// The endpoint declined RDMA under `rdma=required`.
+    RdmaDeclined,
     /// Anything else.
     Other,
 }
@@ -82,7 +85,7 @@ pub fn errno_for(kind: S3ErrorKind) -> i32 {
         InvalidRange => libc::EINVAL,
         Throttled => libc::EAGAIN,
         Timeout => libc::ETIMEDOUT,
-        ServerError | Unreachable | BadResponse | Other => libc::EIO,
+        ServerError | Unreachable | BadResponse | RdmaDeclined | Other => libc::EIO,
     }
 }
 
@@ -184,6 +187,7 @@ mod tests {
             (ServerError, libc::EIO),
             (Unreachable, libc::EIO),
             (BadResponse, libc::EIO),
+            (RdmaDeclined, libc::EIO),
             (Other, libc::EIO),
         ];
         for (kind, errno) in table {

@@ -5,19 +5,28 @@
 //! SDK's error into an [`S3Error`] that knows its errno.
 
 pub mod error;
+pub mod rdma;
 
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
-use aws_sdk_s3::config::Region;
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::RequestId;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use cuobj_ffi::{Op, RegisteredBuffer};
 use tracing::{debug, Instrument};
 
 pub use error::{S3Error, S3ErrorKind};
+pub use rdma::{RdmaMode, TransportStats};
+
+use crate::rdma::checksum;
+use crate::rdma::reply::{Verdict, REPLY_HEADER};
+use rdma::{ReplySeen, TokenInterceptor};
 
 /// How to reach the endpoint: the user's choices from the command line.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +42,10 @@ pub struct S3Options {
     pub connect_timeout: Duration,
     /// Limit for one attempt, and for any pause between two chunks of a GET body.
     pub request_timeout: Duration,
+    /// `rdma=off|auto|required`.
+    pub rdma: RdmaMode,
+    /// Accept Ceph RGW's `x-amz-rdma-reply: 200` on an HTTP 206 ranged GET.
+    pub rdma_accept_206_200: bool,
 }
 
 /// Metadata of one object, from HEAD or from a listing.
@@ -57,6 +70,11 @@ pub struct ListPage {
 #[derive(Clone, Debug)]
 pub struct S3Client {
     client: aws_sdk_s3::Client,
+    /// The same endpoint with the SDK's checksums "when required": RDMA bodies are empty.
+    rdma_client: aws_sdk_s3::Client,
+    rdma: RdmaMode,
+    accept_206_200: bool,
+    stats: Arc<TransportStats>,
     bucket: String,
     endpoint: String,
     request_timeout: Duration,
@@ -106,8 +124,19 @@ impl S3Client {
             .clone()
             .or_else(|| sdk.endpoint_url().map(str::to_string))
             .unwrap_or_else(|| "the AWS S3 endpoint".to_string());
+        let conf = conf.build();
+        let rdma_conf = conf
+            .to_builder()
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .build();
         S3Client {
-            client: aws_sdk_s3::Client::from_conf(conf.build()),
+            client: aws_sdk_s3::Client::from_conf(conf),
+            rdma_client: aws_sdk_s3::Client::from_conf(rdma_conf),
+            rdma: crate::rdma::resolve_mode(opts.rdma, opts.endpoint_url.as_deref())
+                .unwrap_or(RdmaMode::Off),
+            accept_206_200: opts.rdma_accept_206_200,
+            stats: Arc::new(TransportStats::default()),
             bucket: opts.bucket.clone(),
             endpoint,
             request_timeout: opts.request_timeout,
@@ -117,6 +146,14 @@ impl S3Client {
 
     pub fn bucket(&self) -> &str {
         &self.bucket
+    }
+
+    pub fn rdma_mode(&self) -> RdmaMode {
+        self.rdma
+    }
+
+    pub fn stats(&self) -> &Arc<TransportStats> {
+        &self.stats
     }
 
     /// The endpoint in words, for error messages.
@@ -232,6 +269,209 @@ impl S3Client {
         .await
     }
 
+    /// Ranged GetObject over RDMA: the endpoint writes `buf.len()` bytes at `offset` straight
+    /// into the registered buffer. A decline is moved over HTTP under `rdma=auto` (counted), or
+    /// fails under `rdma=required`.
+    pub async fn get_range_rdma(
+        &self,
+        key: &str,
+        etag: &str,
+        offset: u64,
+        buf: &mut RegisteredBuffer,
+    ) -> Result<(), S3Error> {
+        let len = buf.len();
+        let end = offset + len as u64 - 1;
+        let span = tracing::debug_span!(
+            "s3",
+            op = "GetObject",
+            transport = "rdma",
+            key,
+            range = %format_args!("{offset}-{end}"),
+            request_id = tracing::field::Empty
+        );
+        async {
+            let seen = Arc::new(Mutex::new(ReplySeen::default()));
+            let icpt = TokenInterceptor::new(
+                buf.registration().clone(),
+                0,
+                len,
+                Op::Get,
+                self.stats.clone(),
+                seen.clone(),
+            );
+            let start = Instant::now();
+            let mut req = self
+                .rdma_client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .range(format!("bytes={offset}-{end}"));
+            if !etag.is_empty() {
+                req = req.if_match(etag);
+            }
+            let res = req.customize().interceptor(icpt).send().await;
+            log_outcome("GetObject", key, start, &res);
+            let out = match res {
+                Ok(out) => out,
+                Err(e) => {
+                    if self.declined_by_error(&e) {
+                        self.decline("GetObject", key)?;
+                        return self
+                            .get_range_into(key, etag, offset, buf.as_mut_slice())
+                            .await;
+                    }
+                    return Err(convert("GetObject", key, e));
+                }
+            };
+            let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match rdma::judge_get(&seen, len as u64, self.accept_206_200) {
+                Verdict::Done(n) if n == len as u64 => {
+                    TransportStats::add(&self.stats.rdma_bytes_read, n);
+                    Ok(())
+                }
+                Verdict::Done(n) => {
+                    TransportStats::add(&self.stats.reply_errors, 1);
+                    Err(S3Error::new(
+                        S3ErrorKind::BadResponse,
+                        "GetObject",
+                        key,
+                        format!("RDMA transfer delivered {n} of {len} bytes"),
+                    ))
+                }
+                Verdict::Declined => {
+                    self.decline("GetObject", key)?;
+                    // A declining server sends the object in the body, as plain S3 does.
+                    self.read_body_into(out.body, key, buf.as_mut_slice())
+                        .await?;
+                    TransportStats::add(&self.stats.http_bytes_read, len as u64);
+                    Ok(())
+                }
+                Verdict::Failed(msg) => {
+                    TransportStats::add(&self.stats.reply_errors, 1);
+                    Err(S3Error::new(
+                        S3ErrorKind::BadResponse,
+                        "GetObject",
+                        key,
+                        msg,
+                    ))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// PutObject of `buf[..len]`, over RDMA when a registered buffer is given and the mode
+    /// allows, else over HTTP; always with `x-amz-checksum-crc64nvme`. Returns the ETag.
+    pub async fn put_object(&self, key: &str, data: PutSource<'_>) -> Result<String, S3Error> {
+        let bytes = data.bytes();
+        let crc = checksum::crc64nvme_base64(bytes);
+        let span = tracing::debug_span!(
+            "s3",
+            op = "PutObject",
+            transport = data.transport(self.rdma),
+            key,
+            len = bytes.len(),
+            request_id = tracing::field::Empty
+        );
+        async {
+            if let (PutSource::Registered(buf, len), true) =
+                (&data, self.rdma != RdmaMode::Off && !bytes.is_empty())
+            {
+                let seen = Arc::new(Mutex::new(ReplySeen::default()));
+                let icpt = TokenInterceptor::new(
+                    buf.registration().clone(),
+                    0,
+                    *len,
+                    Op::Put,
+                    self.stats.clone(),
+                    seen.clone(),
+                );
+                let start = Instant::now();
+                let res = self
+                    .rdma_client
+                    .put_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .checksum_crc64_nvme(&crc)
+                    .content_length(0)
+                    .customize()
+                    .disable_payload_signing()
+                    .interceptor(icpt)
+                    .send()
+                    .await;
+                log_outcome("PutObject", key, start, &res);
+                match res {
+                    Ok(out) => {
+                        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        match rdma::judge_put(&seen) {
+                            Verdict::Done(_) => {
+                                TransportStats::add(&self.stats.rdma_bytes_written, *len as u64);
+                                return Ok(out.e_tag().unwrap_or_default().to_string());
+                            }
+                            Verdict::Declined => self.decline("PutObject", key)?,
+                            Verdict::Failed(msg) => {
+                                TransportStats::add(&self.stats.reply_errors, 1);
+                                return Err(S3Error::new(
+                                    S3ErrorKind::BadResponse,
+                                    "PutObject",
+                                    key,
+                                    msg,
+                                ));
+                            }
+                        }
+                    }
+                    Err(e) if self.declined_by_error(&e) || ignored_token(&e) => {
+                        self.decline("PutObject", key)?
+                    }
+                    Err(e) => return Err(convert("PutObject", key, e)),
+                }
+            }
+            let start = Instant::now();
+            let res = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .checksum_crc64_nvme(&crc)
+                .body(aws_sdk_s3::primitives::ByteStream::from(bytes.to_vec()))
+                .send()
+                .await;
+            log_outcome("PutObject", key, start, &res);
+            let out = res.map_err(|e| convert("PutObject", key, e))?;
+            TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
+            Ok(out.e_tag().unwrap_or_default().to_string())
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn declined_by_error<E>(&self, e: &SdkError<E, HttpResponse>) -> bool {
+        e.raw_response()
+            .and_then(|r| r.headers().get(REPLY_HEADER))
+            .is_some_and(|v| v == "501")
+    }
+
+    /// Count a decline; under `rdma=required` it is the request's error.
+    fn decline(&self, op: &'static str, key: &str) -> Result<(), S3Error> {
+        TransportStats::add(&self.stats.declines, 1);
+        if self.rdma == RdmaMode::Required {
+            return Err(S3Error::new(
+                S3ErrorKind::RdmaDeclined,
+                op,
+                key,
+                "the endpoint declined RDMA (x-amz-rdma-reply 501 or none) and rdma=required; use rdma=auto to fall back to HTTP",
+            ));
+        }
+        TransportStats::add(&self.stats.fallbacks, 1);
+        tracing::warn!(
+            op,
+            key,
+            "endpoint declined RDMA; moving this request over HTTP"
+        );
+        Ok(())
+    }
+
     /// Ranged GetObject of `buf.len()` bytes at `offset`, conditional on `etag` (`If-Match`),
     /// written straight into `buf`. Fails with `PreconditionFailed` if the object changed, and
     /// with `BadResponse` if the server sent more or fewer bytes than asked for.
@@ -267,47 +507,98 @@ impl S3Client {
             let res = req.send().await;
             log_outcome("GetObject", key, start, &res);
             let out = res.map_err(|e| convert("GetObject", key, e))?;
-            let mut body = out.body;
-            let mut filled = 0usize;
-            loop {
-                let chunk = tokio::time::timeout(self.request_timeout, body.next())
-                    .await
-                    .map_err(|_| {
-                        S3Error::new(
-                            S3ErrorKind::Timeout,
-                            "GetObject",
-                            key,
-                            "response body stalled",
-                        )
-                    })?;
-                let Some(chunk) = chunk else { break };
-                let chunk = chunk.map_err(|e| {
-                    S3Error::new(S3ErrorKind::Unreachable, "GetObject", key, error_chain(&e))
-                })?;
-                let room = buf.len() - filled;
-                if chunk.len() > room {
-                    return Err(S3Error::new(
-                        S3ErrorKind::BadResponse,
-                        "GetObject",
-                        key,
-                        format!("server sent more than the {} bytes asked for", buf.len()),
-                    ));
-                }
-                buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
-                filled += chunk.len();
-            }
-            if filled != buf.len() {
-                return Err(S3Error::new(
-                    S3ErrorKind::BadResponse,
-                    "GetObject",
-                    key,
-                    format!("short body: {filled} of {} bytes", buf.len()),
-                ));
-            }
+            self.read_body_into(out.body, key, buf).await?;
+            TransportStats::add(&self.stats.http_bytes_read, buf.len() as u64);
             Ok(())
         }
         .instrument(span)
         .await
+    }
+}
+
+impl S3Client {
+    /// Drain a GET body into `buf`, which it must fill exactly.
+    async fn read_body_into(
+        &self,
+        mut body: aws_sdk_s3::primitives::ByteStream,
+        key: &str,
+        buf: &mut [u8],
+    ) -> Result<(), S3Error> {
+        let mut filled = 0usize;
+        loop {
+            let chunk = tokio::time::timeout(self.request_timeout, body.next())
+                .await
+                .map_err(|_| {
+                    S3Error::new(
+                        S3ErrorKind::Timeout,
+                        "GetObject",
+                        key,
+                        "response body stalled",
+                    )
+                })?;
+            let Some(chunk) = chunk else { break };
+            let chunk = chunk.map_err(|e| {
+                S3Error::new(S3ErrorKind::Unreachable, "GetObject", key, error_chain(&e))
+            })?;
+            let room = buf.len() - filled;
+            if chunk.len() > room {
+                return Err(S3Error::new(
+                    S3ErrorKind::BadResponse,
+                    "GetObject",
+                    key,
+                    format!("server sent more than the {} bytes asked for", buf.len()),
+                ));
+            }
+            buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
+            filled += chunk.len();
+        }
+        if filled != buf.len() {
+            return Err(S3Error::new(
+                S3ErrorKind::BadResponse,
+                "GetObject",
+                key,
+                format!("short body: {filled} of {} bytes", buf.len()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A server that ignores the RDMA token sees an empty body whose CRC64NVME does not match, and
+/// refuses it: that refusal (with no RDMA reply header) is a decline, never a stored object.
+fn ignored_token<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> bool {
+    let no_reply = e
+        .raw_response()
+        .is_some_and(|r| r.headers().get(REPLY_HEADER).is_none());
+    let code = e.as_service_error().and_then(|se| se.code());
+    no_reply
+        && matches!(
+            code,
+            Some("BadDigest") | Some("XAmzContentChecksumMismatch") | Some("InvalidDigest")
+        )
+}
+
+/// Where the bytes of a PUT come from.
+pub enum PutSource<'a> {
+    /// Plain memory: always HTTP.
+    Plain(&'a [u8]),
+    /// The first `len` bytes of a registered buffer: RDMA unless `rdma=off`.
+    Registered(&'a RegisteredBuffer, usize),
+}
+
+impl PutSource<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            PutSource::Plain(b) => b,
+            PutSource::Registered(buf, len) => &buf.as_slice()[..*len],
+        }
+    }
+
+    fn transport(&self, mode: RdmaMode) -> &'static str {
+        match (self, mode) {
+            (PutSource::Registered(..), RdmaMode::Auto | RdmaMode::Required) => "rdma",
+            _ => "http",
+        }
     }
 }
 

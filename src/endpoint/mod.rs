@@ -1,0 +1,392 @@
+//! `s3rdma-endpoint`: a loopback S3-over-RDMA endpoint, for testing the RDMA data plane on a
+//! host without a NIC.
+//!
+//! It serves S3 on 127.0.0.1 in front of a real S3 server (the backend). Requests without
+//! `x-amz-rdma-token` pass through unchanged (s3s verifies the client's SigV4; s3s-aws forwards
+//! with the endpoint's own credentials). With a loopback token (minted by cuobj-ffi's loopback
+//! provider) it moves the payload directly between the backend and the client's registered
+//! buffer, with `process_vm_readv`/`process_vm_writev` standing in for RDMA READ/WRITE,
+//! validates `x-amz-checksum-crc64nvme` against the bytes it moved, and answers as a real
+//! endpoint does: empty body, `x-amz-rdma-reply`, `x-amz-rdma-bytes-transferred`.
+//!
+//! Faults for tests: a file (`--fault-file`) holding `MODE [COUNT]` makes the next COUNT RDMA
+//! requests (all, without COUNT) misbehave: `decline` (reply 501), `ignore` (act as plain S3,
+//! token ignored), `corrupt` (flip a byte of the transfer), `short` (move one byte less),
+//! `throttle` (503 SlowDown), `delay:MS` (wait, then serve), `drop` (fail the request with no
+//! RDMA headers, as a cut connection would look after retries), or `none`.
+
+mod forward;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use s3s::dto::StreamingBlob;
+use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+
+use crate::rdma::checksum;
+use crate::rdma::reply::{BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER};
+use cuobj_ffi::loopback::LoopbackToken;
+
+/// A misbehaviour the endpoint can be told to show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    Decline,
+    Ignore,
+    Corrupt,
+    Short,
+    Throttle,
+    Delay(u64),
+    Drop,
+}
+
+impl Fault {
+    pub fn parse(s: &str) -> Result<Fault, String> {
+        Ok(match s {
+            "none" => Fault::None,
+            "decline" => Fault::Decline,
+            "ignore" => Fault::Ignore,
+            "corrupt" => Fault::Corrupt,
+            "short" => Fault::Short,
+            "throttle" => Fault::Throttle,
+            "drop" => Fault::Drop,
+            d if d.starts_with("delay:") => Fault::Delay(
+                d[6..]
+                    .parse()
+                    .map_err(|_| format!("bad delay {d:?}: write delay:MILLISECONDS"))?,
+            ),
+            other => return Err(format!("unknown fault {other:?}")),
+        })
+    }
+}
+
+/// Counters of what the endpoint moved.
+#[derive(Debug, Default)]
+pub struct EndpointStats {
+    pub rdma_gets: AtomicU64,
+    pub rdma_puts: AtomicU64,
+    pub bytes_written_to_clients: AtomicU64,
+    pub bytes_read_from_clients: AtomicU64,
+    pub plain_requests: AtomicU64,
+}
+
+pub struct Endpoint {
+    proxy: s3s_aws::Proxy,
+    fault_file: Option<PathBuf>,
+    /// (file contents, RDMA requests already affected by them).
+    fault_state: Mutex<(String, u64)>,
+    pub stats: EndpointStats,
+}
+
+fn rdma_headers(reply: u16, bytes: Option<u64>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(REPLY_HEADER, HeaderValue::from(reply));
+    if let Some(n) = bytes {
+        h.insert(BYTES_HEADER, HeaderValue::from(n));
+    }
+    h
+}
+
+fn decline_error() -> S3Error {
+    let mut e = S3Error::with_message(
+        S3ErrorCode::Custom("RDMANotSupported".into()),
+        "this endpoint declines RDMA for this request",
+    );
+    e.set_status_code(http::StatusCode::NOT_IMPLEMENTED);
+    e.set_headers(rdma_headers(501, None));
+    e
+}
+
+fn transfer_failed(msg: String) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom("RDMATransferFailed".into()), msg);
+    e.set_status_code(http::StatusCode::INTERNAL_SERVER_ERROR);
+    e
+}
+
+/// Copy `data` into the client's memory at the token's window.
+fn write_to_client(tok: &LoopbackToken, data: &[u8]) -> Result<(), String> {
+    if data.len() as u64 > tok.size {
+        return Err(format!(
+            "{} bytes do not fit the {}-byte token window",
+            data.len(),
+            tok.size
+        ));
+    }
+    if data.is_empty() {
+        return Ok(());
+    }
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: tok.addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: local points at `data`; the kernel checks the remote range in the other process.
+    let n = unsafe { libc::process_vm_writev(tok.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    if n != data.len() as isize {
+        return Err(format!(
+            "process_vm_writev moved {n} of {} bytes: {}",
+            data.len(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Copy the token's window out of the client's memory.
+fn read_from_client(tok: &LoopbackToken) -> Result<Vec<u8>, String> {
+    let mut buf = vec![0u8; tok.size as usize];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: tok.addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: local points at our buffer; the kernel checks the remote range.
+    let n = unsafe { libc::process_vm_readv(tok.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    if n != buf.len() as isize {
+        return Err(format!(
+            "process_vm_readv moved {n} of {} bytes: {}",
+            buf.len(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(buf)
+}
+
+impl Endpoint {
+    pub fn new(backend: aws_sdk_s3::Client, fault_file: Option<PathBuf>) -> Self {
+        Endpoint {
+            proxy: s3s_aws::Proxy::from(backend),
+            fault_file,
+            fault_state: Mutex::new((String::new(), 0)),
+            stats: EndpointStats::default(),
+        }
+    }
+
+    /// The fault for this RDMA request, from the fault file.
+    fn next_fault(&self) -> Fault {
+        let Some(path) = &self.fault_file else {
+            return Fault::None;
+        };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let text = text.trim().to_string();
+        let mut st = self.fault_state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.0 != text {
+            *st = (text.clone(), 0);
+        }
+        let mut parts = text.split_whitespace();
+        let Some(mode) = parts.next() else {
+            return Fault::None;
+        };
+        let fault = match Fault::parse(mode) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring the fault file");
+                return Fault::None;
+            }
+        };
+        if let Some(limit) = parts.next().and_then(|c| c.parse::<u64>().ok()) {
+            if st.1 >= limit {
+                return Fault::None;
+            }
+        }
+        st.1 += 1;
+        fault
+    }
+
+    /// The request's loopback token, if it carries one. A token that is malformed, or whose
+    /// process is gone, is refused (400 InvalidRDMAToken).
+    fn token(headers: &HeaderMap) -> S3Result<Option<LoopbackToken>> {
+        let Some(v) = headers.get(TOKEN_HEADER) else {
+            return Ok(None);
+        };
+        let s = v
+            .to_str()
+            .map_err(|_| s3_error!(InvalidRequest, "x-amz-rdma-token is not ASCII"))?;
+        let invalid = |why: &str| {
+            let mut e = S3Error::with_message(
+                S3ErrorCode::Custom("InvalidRDMAToken".into()),
+                why.to_string(),
+            );
+            e.set_status_code(http::StatusCode::BAD_REQUEST);
+            e
+        };
+        let tok = LoopbackToken::parse(s)
+            .ok_or_else(|| invalid("not a loopback token (81 hex characters in 7 fields)"))?;
+        if !tok.is_live_process() {
+            return Err(invalid("the process that minted this token is gone"));
+        }
+        Ok(Some(tok))
+    }
+
+    async fn get_object_rdma(
+        &self,
+        mut req: S3Request<s3s::dto::GetObjectInput>,
+    ) -> S3Result<S3Response<s3s::dto::GetObjectOutput>> {
+        let Some(tok) = Self::token(&req.headers)? else {
+            self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
+            return s3s::S3::get_object(&self.proxy, req).await;
+        };
+        req.headers.remove(TOKEN_HEADER);
+        let fault = self.next_fault();
+        match fault {
+            Fault::Throttle => return Err(s3_error!(SlowDown, "throttled (fault injection)")),
+            Fault::Drop => {
+                return Err(transfer_failed(
+                    "connection dropped (fault injection)".into(),
+                ))
+            }
+            Fault::Delay(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Fault::Ignore => return s3s::S3::get_object(&self.proxy, req).await,
+            Fault::Decline => {
+                // The spec's decline: HTTP 200 + reply 501, with the object in the body.
+                let mut resp = s3s::S3::get_object(&self.proxy, req).await?;
+                resp.headers.extend(rdma_headers(501, None));
+                return Ok(resp);
+            }
+            _ => {}
+        }
+        let mut resp = s3s::S3::get_object(&self.proxy, req).await?;
+        let body = resp
+            .output
+            .body
+            .take()
+            .unwrap_or_else(|| StreamingBlob::from(s3s::Body::empty()));
+        let mut body = s3s::Body::from(body);
+        let limit = tok.size as usize;
+        let bytes = body.store_all_limited(limit).await.map_err(|e| {
+            transfer_failed(format!(
+                "object does not fit the token window of {limit} bytes: {e}"
+            ))
+        })?;
+        let mut data = bytes.to_vec();
+        match fault {
+            Fault::Corrupt if !data.is_empty() => data[0] ^= 0xff,
+            Fault::Short if !data.is_empty() => {
+                data.pop();
+            }
+            _ => {}
+        }
+        write_to_client(&tok, &data).map_err(transfer_failed)?;
+        self.stats.rdma_gets.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_written_to_clients
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let reply = if resp.output.content_range.is_some() {
+            206
+        } else {
+            200
+        };
+        resp.output.content_length = Some(0);
+        resp.output.body = Some(StreamingBlob::from(s3s::Body::empty()));
+        resp.headers
+            .extend(rdma_headers(reply, Some(data.len() as u64)));
+        Ok(resp)
+    }
+
+    /// For PUT and UploadPart: the bytes to store, moved from the client's memory and checked
+    /// against the checksum the client signed. `None`: pass the request through unchanged.
+    fn pull_payload(
+        &self,
+        headers: &mut HeaderMap,
+        content_length: Option<i64>,
+        crc64nvme: Option<&str>,
+    ) -> S3Result<Option<(Vec<u8>, Fault)>> {
+        let Some(tok) = Self::token(headers)? else {
+            self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        headers.remove(TOKEN_HEADER);
+        if content_length.unwrap_or(0) != 0 {
+            return Err(s3_error!(
+                InvalidRequest,
+                "an RDMA PUT must have an empty body (Content-Length: 0)"
+            ));
+        }
+        let fault = self.next_fault();
+        match fault {
+            Fault::Throttle => return Err(s3_error!(SlowDown, "throttled (fault injection)")),
+            Fault::Drop => {
+                return Err(transfer_failed(
+                    "connection dropped (fault injection)".into(),
+                ))
+            }
+            Fault::Decline => return Err(decline_error()),
+            Fault::Ignore => return Ok(None),
+            _ => {}
+        }
+        let mut data = read_from_client(&tok).map_err(transfer_failed)?;
+        match fault {
+            Fault::Corrupt if !data.is_empty() => data[0] ^= 0xff,
+            Fault::Short if !data.is_empty() => {
+                data.pop();
+            }
+            _ => {}
+        }
+        if let Some(want) = crc64nvme {
+            let got = checksum::crc64nvme_base64(&data);
+            if got != want {
+                return Err(s3_error!(
+                    BadDigest,
+                    "x-amz-checksum-crc64nvme {want} does not match the {} bytes moved ({got})",
+                    data.len()
+                ));
+            }
+        }
+        self.stats.rdma_puts.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_read_from_clients
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(Some((data, fault)))
+    }
+
+    async fn put_object_rdma(
+        &self,
+        mut req: S3Request<s3s::dto::PutObjectInput>,
+    ) -> S3Result<S3Response<s3s::dto::PutObjectOutput>> {
+        let crc = req.input.checksum_crc64nvme.clone();
+        let Some((data, fault)) =
+            self.pull_payload(&mut req.headers, req.input.content_length, crc.as_deref())?
+        else {
+            return s3s::S3::put_object(&self.proxy, req).await;
+        };
+        if let Fault::Delay(ms) = fault {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let n = data.len() as u64;
+        req.input.content_length = Some(n as i64);
+        req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+        let mut resp = s3s::S3::put_object(&self.proxy, req).await?;
+        resp.headers.extend(rdma_headers(200, Some(n)));
+        Ok(resp)
+    }
+
+    async fn upload_part_rdma(
+        &self,
+        mut req: S3Request<s3s::dto::UploadPartInput>,
+    ) -> S3Result<S3Response<s3s::dto::UploadPartOutput>> {
+        let crc = req.input.checksum_crc64nvme.clone();
+        let Some((data, fault)) =
+            self.pull_payload(&mut req.headers, req.input.content_length, crc.as_deref())?
+        else {
+            return s3s::S3::upload_part(&self.proxy, req).await;
+        };
+        if let Fault::Delay(ms) = fault {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let n = data.len() as u64;
+        req.input.content_length = Some(n as i64);
+        req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+        let mut resp = s3s::S3::upload_part(&self.proxy, req).await?;
+        resp.headers.extend(rdma_headers(200, Some(n)));
+        Ok(resp)
+    }
+}
