@@ -425,6 +425,7 @@ impl Settings {
                 request_timeout: cli.request_timeout.unwrap_or(Duration::from_secs(30)),
                 rdma: cli.rdma.unwrap_or_default(),
                 rdma_accept_206_200: cli.rdma_accept_206_200,
+                static_credentials: None,
             },
             fs: FsConfig {
                 uid: cli.uid.unwrap_or(uid),

@@ -46,6 +46,8 @@ pub struct S3Options {
     pub rdma: RdmaMode,
     /// Accept Ceph RGW's `x-amz-rdma-reply: 200` on an HTTP 206 ranged GET.
     pub rdma_accept_206_200: bool,
+    /// Fixed (access key, secret) instead of the AWS chain: for programs that embed the client.
+    pub static_credentials: Option<(String, String)>,
 }
 
 /// Metadata of one object, from HEAD or from a listing.
@@ -112,6 +114,10 @@ impl S3Client {
         }
         if opts.no_sign_request {
             loader = loader.no_credentials();
+        } else if let Some((key, secret)) = &opts.static_credentials {
+            loader = loader.credentials_provider(aws_credential_types::Credentials::new(
+                key, secret, None, None, "s3rdma",
+            ));
         }
         let sdk = loader.load().await;
         let mut conf =

@@ -270,6 +270,11 @@ pub struct Mount {
 impl Mount {
     /// Mount `source` (e.g. "bucket" or "bucket:prefix") with the test endpoint and `extra` args.
     pub fn new(source: &str, extra: &[&str]) -> Mount {
+        Mount::new_at(&server().endpoint, source, extra)
+    }
+
+    /// Mount through another endpoint (e.g. the loopback RDMA endpoint).
+    pub fn new_at(endpoint: &str, source: &str, extra: &[&str]) -> Mount {
         let path = mountpoint();
         let log = path.with_extension("log");
         let _ = std::fs::remove_file(&log);
@@ -279,7 +284,7 @@ impl Mount {
             .arg(&path)
             .args([
                 "--endpoint-url",
-                &server().endpoint,
+                endpoint,
                 "--force-path-style",
                 "--foreground",
             ])
@@ -334,8 +339,14 @@ impl Mount {
     }
 }
 
-impl Drop for Mount {
-    fn drop(&mut self) {
+impl Mount {
+    /// Unmount (SIGTERM), wait for the daemon to exit, and return its whole log.
+    pub fn stop(mut self) -> String {
+        self.shutdown();
+        self.log_text()
+    }
+
+    fn shutdown(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -356,6 +367,87 @@ impl Drop for Mount {
         }
         let _ = std::fs::remove_dir(&self.path);
     }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A loopback RDMA endpoint (`s3rdma-endpoint`) in front of the shared SeaweedFS, with its own
+/// fault file; stopped (by PID) on drop.
+pub struct RdmaEndpoint {
+    pub url: String,
+    pub fault_file: PathBuf,
+    child: Child,
+}
+
+impl RdmaEndpoint {
+    pub fn start() -> RdmaEndpoint {
+        let backend = server().endpoint.clone();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = work_dir().join(format!("ep-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("endpoint dir");
+        let fault_file = dir.join("fault");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::fs::File::create(dir.join("endpoint.log")).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_s3rdma-endpoint"))
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--backend",
+                &backend,
+            ])
+            .arg("--fault-file")
+            .arg(&fault_file)
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn s3rdma-endpoint");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "s3rdma-endpoint did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RdmaEndpoint {
+            url: format!("http://127.0.0.1:{port}"),
+            fault_file,
+            child,
+        }
+    }
+
+    /// Make the next `count` RDMA requests (all, with None) misbehave as `mode`.
+    pub fn fault(&self, mode: &str, count: Option<u32>) {
+        let text = match count {
+            Some(c) => format!("{mode} {c}\n"),
+            None => format!("{mode}\n"),
+        };
+        std::fs::write(&self.fault_file, text).expect("fault file");
+    }
+}
+
+impl Drop for RdmaEndpoint {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Fetch an object straight from SeaweedFS (not through any endpoint): None if absent.
+pub fn backend_get(bucket: &str, key: &str) -> Option<Vec<u8>> {
+    let c = client();
+    rt().block_on(async {
+        let out = c.get_object().bucket(bucket).key(key).send().await.ok()?;
+        Some(out.body.collect().await.ok()?.into_bytes().to_vec())
+    })
 }
 
 /// Run the binary to completion (for start-up errors), with a time limit.

@@ -3,6 +3,7 @@
 
 mod common;
 mod namespace;
+mod rdma;
 mod read;
 mod semantics;
 mod startup;
