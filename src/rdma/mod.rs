@@ -97,6 +97,7 @@ mod tests {
         }
     }
 
+    // [S-RDMA-MODE]
     #[test]
     fn modes() {
         assert_eq!(resolve_mode(RdmaMode::Off, None), Ok(RdmaMode::Off));

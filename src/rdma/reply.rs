@@ -120,6 +120,7 @@ pub fn judge_put(status: u16, reply: Option<&str>, etag: Option<&str>) -> Verdic
 mod tests {
     use super::*;
 
+    // [S-RDMA-REPLY]
     #[test]
     fn reply_header_table() {
         let table: &[(Option<&str>, Reply)] = &[

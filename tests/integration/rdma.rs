@@ -10,6 +10,20 @@ use s3rdma::s3::{PutSource, RdmaMode, S3Client, S3ErrorKind, S3Options};
 use crate::common::*;
 
 fn lib_client(endpoint: &str, bucket: &str, mode: RdmaMode) -> S3Client {
+    lib_client_with(
+        endpoint,
+        bucket,
+        mode,
+        (ACCESS_KEY.into(), SECRET_KEY.into()),
+    )
+}
+
+fn lib_client_with(
+    endpoint: &str,
+    bucket: &str,
+    mode: RdmaMode,
+    creds: (String, String),
+) -> S3Client {
     let opts = S3Options {
         bucket: bucket.to_string(),
         endpoint_url: Some(endpoint.to_string()),
@@ -19,7 +33,7 @@ fn lib_client(endpoint: &str, bucket: &str, mode: RdmaMode) -> S3Client {
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(30),
         rdma: mode,
-        static_credentials: Some((ACCESS_KEY.into(), SECRET_KEY.into())),
+        static_credentials: Some(creds),
         ..Default::default()
     };
     rt().block_on(S3Client::new(&opts))
@@ -238,4 +252,42 @@ fn the_mount_reads_its_files_over_rdma() {
 
 fn put_many_static(bucket: &str, key: &str, body: &'static [u8]) {
     put_many(bucket, vec![key.to_string()], body);
+}
+
+/// The same round trips against a real RDMA endpoint, with NVIDIA's SDK and a NIC:
+/// `scripts/rdma-check.sh URL BUCKET` runs it. Reads back over plain HTTP to compare.
+#[test]
+#[ignore = "needs a real S3-over-RDMA endpoint; run scripts/rdma-check.sh"]
+fn real_endpoint_round_trips() {
+    let env = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| panic!("{k} must be set (see scripts/rdma-check.sh)"))
+    };
+    let (url, b) = (env("S3RDMA_CHECK_ENDPOINT"), env("S3RDMA_CHECK_BUCKET"));
+    let creds = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"));
+    assert_eq!(
+        cuobj_ffi::provider(),
+        cuobj_ffi::Provider::Nvidia,
+        "build with --features nvidia"
+    );
+    let s3 = lib_client_with(&url, &b, RdmaMode::Required, creds.clone());
+    let http = lib_client_with(&url, &b, RdmaMode::Off, creds);
+    for (i, &len) in [1usize, 1 << 20, 8 << 20, (8 << 20) + 1, 64 << 20]
+        .iter()
+        .enumerate()
+    {
+        let key = format!("s3rdma-check/obj-{len}");
+        let buf = filled(len, 100 + i as u64);
+        put(&s3, &key, &buf, len).unwrap_or_else(|e| panic!("RDMA put {len}: {e}"));
+        let mut plain = vec![0u8; len];
+        rt().block_on(http.get_range_into(&key, "", 0, &mut plain))
+            .expect("HTTP read back");
+        assert!(
+            plain == pattern(len, 100 + i as u64),
+            "stored bytes of {len}"
+        );
+        let back = get(&s3, &key, len).unwrap_or_else(|e| panic!("RDMA get {len}: {e}"));
+        assert!(back == pattern(len, 100 + i as u64), "RDMA read of {len}");
+        eprintln!("{len} bytes: RDMA PUT + GET ok");
+    }
+    eprintln!("counters: {}", s3.stats().summary());
 }
