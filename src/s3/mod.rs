@@ -367,8 +367,8 @@ impl S3Client {
         .await
     }
 
-    /// PutObject of `buf[..len]`, over RDMA when a registered buffer is given and the mode
-    /// allows, else over HTTP; always with `x-amz-checksum-crc64nvme`. Returns the ETag.
+    /// PutObject of `data`, over RDMA when it is a registered buffer and the mode allows, else
+    /// over HTTP; always with `x-amz-checksum-crc64nvme`. Returns the ETag.
     pub async fn put_object(&self, key: &str, data: PutSource<'_>) -> Result<String, S3Error> {
         let bytes = data.bytes();
         let crc = checksum::crc64nvme_base64(bytes);
@@ -381,57 +381,22 @@ impl S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            if let (PutSource::Registered(buf, len), true) =
-                (&data, self.rdma != RdmaMode::Off && !bytes.is_empty())
-            {
-                let seen = Arc::new(Mutex::new(ReplySeen::default()));
-                let icpt = TokenInterceptor::new(
-                    buf.registration().clone(),
-                    0,
-                    *len,
-                    Op::Put,
-                    self.stats.clone(),
-                    seen.clone(),
-                );
-                let start = Instant::now();
-                let res = self
-                    .rdma_client
-                    .put_object()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .checksum_crc64_nvme(&crc)
-                    .content_length(0)
-                    .customize()
-                    .disable_payload_signing()
-                    .interceptor(icpt)
-                    .send()
-                    .await;
-                log_outcome("PutObject", key, start, &res);
-                match res {
-                    Ok(out) => {
-                        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                        match rdma::judge_put(&seen) {
-                            Verdict::Done(_) => {
-                                TransportStats::add(&self.stats.rdma_bytes_written, *len as u64);
-                                return Ok(out.e_tag().unwrap_or_default().to_string());
-                            }
-                            Verdict::Declined => self.decline("PutObject", key)?,
-                            Verdict::Failed(msg) => {
-                                TransportStats::add(&self.stats.reply_errors, 1);
-                                return Err(S3Error::new(
-                                    S3ErrorKind::BadResponse,
-                                    "PutObject",
-                                    key,
-                                    msg,
-                                ));
-                            }
-                        }
-                    }
-                    Err(e) if self.declined_by_error(&e) || ignored_token(&e) => {
-                        self.decline("PutObject", key)?
-                    }
-                    Err(e) => return Err(convert("PutObject", key, e)),
-                }
+            let rdma = self
+                .rdma_upload("PutObject", key, &data, |icpt| {
+                    self.rdma_client
+                        .put_object()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .checksum_crc64_nvme(&crc)
+                        .content_length(0)
+                        .customize()
+                        .disable_payload_signing()
+                        .interceptor(icpt)
+                        .send()
+                })
+                .await?;
+            if let Some(out) = rdma {
+                return Ok(out.e_tag().unwrap_or_default().to_string());
             }
             let start = Instant::now();
             let res = self
@@ -450,6 +415,192 @@ impl S3Client {
         }
         .instrument(span)
         .await
+    }
+
+    /// UploadPart `part` of the multipart upload `upload_id`, like [`S3Client::put_object`]:
+    /// RDMA from a registered buffer (or HTTP), with `x-amz-checksum-crc64nvme`. Returns the
+    /// part's ETag.
+    pub async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        data: PutSource<'_>,
+    ) -> Result<String, S3Error> {
+        let bytes = data.bytes();
+        let crc = checksum::crc64nvme_base64(bytes);
+        let span = tracing::debug_span!(
+            "s3",
+            op = "UploadPart",
+            transport = data.transport(self.rdma),
+            key,
+            part,
+            len = bytes.len(),
+            request_id = tracing::field::Empty
+        );
+        async {
+            let rdma = self
+                .rdma_upload("UploadPart", key, &data, |icpt| {
+                    self.rdma_client
+                        .upload_part()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .upload_id(upload_id)
+                        .part_number(part)
+                        .checksum_crc64_nvme(&crc)
+                        .content_length(0)
+                        .customize()
+                        .disable_payload_signing()
+                        .interceptor(icpt)
+                        .send()
+                })
+                .await?;
+            if let Some(out) = rdma {
+                return Ok(out.e_tag().unwrap_or_default().to_string());
+            }
+            let start = Instant::now();
+            let res = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .part_number(part)
+                .checksum_crc64_nvme(&crc)
+                .body(aws_sdk_s3::primitives::ByteStream::from(bytes.to_vec()))
+                .send()
+                .await;
+            log_outcome("UploadPart", key, start, &res);
+            let out = res.map_err(|e| convert("UploadPart", key, e))?;
+            TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
+            Ok(out.e_tag().unwrap_or_default().to_string())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The RDMA attempt of a PUT or UploadPart: `Some(output)` when the endpoint moved the
+    /// bytes, `None` when it declined and the caller should send them over HTTP (`rdma=auto`),
+    /// an error otherwise. Does nothing (`None`) for plain memory, `rdma=off` or no bytes.
+    async fn rdma_upload<O, E, Fut>(
+        &self,
+        op: &'static str,
+        key: &str,
+        data: &PutSource<'_>,
+        send: impl FnOnce(TokenInterceptor) -> Fut,
+    ) -> Result<Option<O>, S3Error>
+    where
+        Fut: std::future::Future<Output = Result<O, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        O: RequestId,
+    {
+        let PutSource::Registered(buf, len) = data else {
+            return Ok(None);
+        };
+        if self.rdma == RdmaMode::Off || *len == 0 {
+            return Ok(None);
+        }
+        let seen = Arc::new(Mutex::new(ReplySeen::default()));
+        let icpt = TokenInterceptor::new(
+            buf.registration().clone(),
+            0,
+            *len,
+            Op::Put,
+            self.stats.clone(),
+            seen.clone(),
+        );
+        let start = Instant::now();
+        let res = send(icpt).await;
+        log_outcome(op, key, start, &res);
+        match res {
+            Ok(out) => {
+                let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                match rdma::judge_put(&seen) {
+                    Verdict::Done(_) => {
+                        TransportStats::add(&self.stats.rdma_bytes_written, *len as u64);
+                        Ok(Some(out))
+                    }
+                    Verdict::Declined => self.decline(op, key).map(|()| None),
+                    Verdict::Failed(msg) => {
+                        TransportStats::add(&self.stats.reply_errors, 1);
+                        Err(S3Error::new(S3ErrorKind::BadResponse, op, key, msg))
+                    }
+                }
+            }
+            Err(e) if self.declined_by_error(&e) || ignored_token(&e) => {
+                self.decline(op, key).map(|()| None)
+            }
+            Err(e) => Err(convert(op, key, e)),
+        }
+    }
+
+    /// CreateMultipartUpload; returns the upload id.
+    pub async fn create_multipart(&self, key: &str) -> Result<String, S3Error> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await;
+        log_outcome("CreateMultipartUpload", key, start, &res);
+        let out = res.map_err(|e| convert("CreateMultipartUpload", key, e))?;
+        out.upload_id().map(str::to_string).ok_or_else(|| {
+            S3Error::new(
+                S3ErrorKind::BadResponse,
+                "CreateMultipartUpload",
+                key,
+                "no upload id",
+            )
+        })
+    }
+
+    /// CompleteMultipartUpload from (part number, ETag) pairs; returns the object's ETag.
+    pub async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[(i32, String)],
+    ) -> Result<String, S3Error> {
+        use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+        let done = CompletedMultipartUpload::builder()
+            .set_parts(Some(
+                parts
+                    .iter()
+                    .map(|(n, etag)| CompletedPart::builder().part_number(*n).e_tag(etag).build())
+                    .collect(),
+            ))
+            .build();
+        let start = Instant::now();
+        let res = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(done)
+            .send()
+            .await;
+        log_outcome("CompleteMultipartUpload", key, start, &res);
+        let out = res.map_err(|e| convert("CompleteMultipartUpload", key, e))?;
+        Ok(out.e_tag().unwrap_or_default().to_string())
+    }
+
+    /// AbortMultipartUpload: drops every part uploaded so far.
+    pub async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), S3Error> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
+        log_outcome("AbortMultipartUpload", key, start, &res);
+        res.map(|_| ())
+            .map_err(|e| convert("AbortMultipartUpload", key, e))
     }
 
     fn declined_by_error<E>(&self, e: &SdkError<E, HttpResponse>) -> bool {

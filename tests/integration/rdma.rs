@@ -291,3 +291,51 @@ fn real_endpoint_round_trips() {
     }
     eprintln!("counters: {}", s3.stats().summary());
 }
+
+// [S-RDMA-MULTIPART]
+#[test]
+fn multipart_parts_go_over_rdma_each_with_its_own_token() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("rdma-mpu");
+    let s3 = lib_client(&ep.url, &b, RdmaMode::Required);
+    let (p1, p2) = (filled(5 << 20, 20), filled((1 << 20) + 7, 21));
+    let id = rt()
+        .block_on(s3.create_multipart("ckpt.bin"))
+        .expect("create");
+    let e1 = rt()
+        .block_on(s3.upload_part("ckpt.bin", &id, 1, PutSource::Registered(&p1, 5 << 20)))
+        .expect("part 1");
+    let e2 = rt()
+        .block_on(s3.upload_part(
+            "ckpt.bin",
+            &id,
+            2,
+            PutSource::Registered(&p2, (1 << 20) + 7),
+        ))
+        .expect("part 2");
+    rt().block_on(s3.complete_multipart("ckpt.bin", &id, &[(1, e1), (2, e2)]))
+        .expect("complete");
+    let mut want = pattern(5 << 20, 20);
+    want.extend(pattern((1 << 20) + 7, 21));
+    assert!(backend_get(&b, "ckpt.bin").unwrap() == want);
+    let st = stat(&s3);
+    assert_eq!(
+        st.rdma_bytes_written.load(Ordering::Relaxed),
+        want.len() as u64
+    );
+    assert_eq!(st.tokens_minted.load(Ordering::Relaxed), 2);
+
+    // A part the endpoint ignores the token for fails under rdma=required; the upload is
+    // aborted and no object appears.
+    ep.fault("ignore", None);
+    let id = rt()
+        .block_on(s3.create_multipart("bad.bin"))
+        .expect("create");
+    let e = rt()
+        .block_on(s3.upload_part("bad.bin", &id, 1, PutSource::Registered(&p1, 5 << 20)))
+        .unwrap_err();
+    assert_eq!(e.kind, S3ErrorKind::RdmaDeclined, "{e}");
+    rt().block_on(s3.abort_multipart("bad.bin", &id))
+        .expect("abort");
+    assert!(backend_get(&b, "bad.bin").is_none());
+}
