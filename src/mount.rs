@@ -49,6 +49,21 @@ pub fn run(settings: Settings) -> ! {
         readiness.fail(&msg);
     }
 
+    // Catch SIGTERM/SIGINT from before the kernel mount exists: a signal that arrives while
+    // mounting is kept, and unmounts as soon as the session is up.
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _guard = rt.enter();
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                readiness.fail(&format!("cannot install signal handlers: {e}"))
+            }
+        }
+    };
     let notifier = Arc::new(OnceLock::new());
     let fs = S3Fs::new(
         rt.handle().clone(),
@@ -85,13 +100,6 @@ pub fn run(settings: Settings) -> ! {
     let mut unmounter = session.unmount_callable();
     let shown = mountpoint.display().to_string();
     rt.spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
         let name = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",

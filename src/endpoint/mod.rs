@@ -221,10 +221,52 @@ impl Endpoint {
         };
         let tok = LoopbackToken::parse(s)
             .ok_or_else(|| invalid("not a loopback token (81 hex characters in 7 fields)"))?;
+        Self::check_request_rules(headers)?;
         if !tok.is_live_process() {
             return Err(invalid("the process that minted this token is gone"));
         }
         Ok(Some(tok))
+    }
+
+    /// The cuObject request rules, enforced as strictly as a real endpoint may: the token is
+    /// signed, the payload is `UNSIGNED-PAYLOAD` with `Content-Length: 0`, and there is no
+    /// aws-chunked encoding, trailer or Content-MD5.
+    fn check_request_rules(headers: &HeaderMap) -> S3Result<()> {
+        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let bad = |why: &str| {
+            Err(s3_error!(
+                InvalidRequest,
+                "RDMA request rule broken: {}",
+                why
+            ))
+        };
+        let signed = get("authorization")
+            .and_then(|a| a.split("SignedHeaders=").nth(1))
+            .map(|rest| rest.split(',').next().unwrap_or(""))
+            .is_some_and(|list| list.split(';').any(|h| h == TOKEN_HEADER));
+        if !signed {
+            return bad("x-amz-rdma-token must be among the SigV4 SignedHeaders");
+        }
+        if get("x-amz-content-sha256") != Some("UNSIGNED-PAYLOAD") {
+            return bad("x-amz-content-sha256 must be UNSIGNED-PAYLOAD");
+        }
+        if get("content-length") != Some("0") {
+            return bad("Content-Length must be 0");
+        }
+        for h in [
+            "transfer-encoding",
+            "x-amz-decoded-content-length",
+            "x-amz-trailer",
+            "content-md5",
+        ] {
+            if headers.contains_key(h) {
+                return bad(&format!("{h} must not be sent"));
+            }
+        }
+        if get("content-encoding").is_some_and(|v| v.contains("aws-chunked")) {
+            return bad("Content-Encoding aws-chunked must not be sent");
+        }
+        Ok(())
     }
 
     async fn get_object_rdma(
@@ -388,5 +430,72 @@ impl Endpoint {
         let mut resp = s3s::S3::upload_part(&self.proxy, req).await?;
         resp.headers.extend(rdma_headers(200, Some(n)));
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    const AUTH: &str = "AWS4-HMAC-SHA256 Credential=k/20261202/us-east-1/s3/aws4_request, SignedHeaders=content-length;host;x-amz-content-sha256;x-amz-date;x-amz-rdma-token, Signature=00";
+
+    #[test]
+    fn request_rules() {
+        let good = [
+            ("authorization", AUTH),
+            ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+            ("content-length", "0"),
+        ];
+        assert!(Endpoint::check_request_rules(&headers(&good)).is_ok());
+        let unsigned_token = AUTH.replace(";x-amz-rdma-token", "");
+        let cases: Vec<Vec<(&'static str, &str)>> = vec![
+            vec![("authorization", &unsigned_token), good[1], good[2]],
+            vec![
+                good[0],
+                (
+                    "x-amz-content-sha256",
+                    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                ),
+                good[2],
+            ],
+            vec![good[0], good[1], ("content-length", "5")],
+            vec![good[0], good[1]],
+            vec![good[0], good[1], good[2], ("transfer-encoding", "chunked")],
+            vec![
+                good[0],
+                good[1],
+                good[2],
+                ("content-encoding", "aws-chunked"),
+            ],
+            vec![
+                good[0],
+                good[1],
+                good[2],
+                ("x-amz-trailer", "x-amz-checksum-crc64nvme"),
+            ],
+            vec![good[0], good[1], good[2], ("content-md5", "AAAA")],
+        ];
+        for c in cases {
+            assert!(
+                Endpoint::check_request_rules(&headers(&c)).is_err(),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn faults() {
+        assert_eq!(Fault::parse("decline"), Ok(Fault::Decline));
+        assert_eq!(Fault::parse("delay:250"), Ok(Fault::Delay(250)));
+        assert!(Fault::parse("delay:soon").is_err());
+        assert!(Fault::parse("explode").is_err());
     }
 }

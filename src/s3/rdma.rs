@@ -55,6 +55,8 @@ pub struct TransportStats {
     pub declines: AtomicU64,
     pub fallbacks: AtomicU64,
     pub reply_errors: AtomicU64,
+    /// Whether the first decline has been logged at WARN (later ones log at DEBUG).
+    pub warned_decline: std::sync::atomic::AtomicBool,
 }
 
 impl TransportStats {
@@ -130,8 +132,11 @@ impl Intercept for TokenInterceptor {
         &self,
         context: &mut BeforeTransmitInterceptorContextMut<'_>,
         _rc: &RuntimeComponents,
-        _cfg: &mut ConfigBag,
+        cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
+        // The payload is not signed (the body is empty; the bytes move over RDMA).
+        cfg.interceptor_state()
+            .store_put(aws_runtime::auth::PayloadSigningOverride::unsigned_payload());
         let mut slot = self.token.lock().unwrap_or_else(|e| e.into_inner());
         // The previous attempt's token is released before the next one is minted.
         drop(slot.take());
