@@ -8,6 +8,6 @@ scripts/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
-cargo clippy --release --all-targets --locked -- -D warnings
+cargo clippy --workspace --release --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --release --locked
+cargo test --workspace --release --locked
