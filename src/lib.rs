@@ -1,5 +1,6 @@
 //! s3rdma: a FUSE file system over an S3 bucket.
 
+pub mod cache;
 pub mod cli;
 pub mod daemon;
 pub mod endpoint;

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use fuser::{MountOption, SessionACL};
 use tracing::{error, info};
 
+use crate::cache::Cache;
 use crate::cli::Settings;
 use crate::daemon::{self, Readiness};
 use crate::fs::S3Fs;
@@ -64,10 +65,27 @@ pub fn run(settings: Settings) -> ! {
             }
         }
     };
+    let blocks = (settings.cache_size / settings.fs.read.part_size) as usize;
+    let cache = match Cache::new(
+        s3.clone(),
+        settings.fs.read.part_size as usize,
+        blocks,
+        settings.max_inflight_reads,
+    ) {
+        Ok(c) => Arc::new(c),
+        Err(msg) => readiness.fail(&msg),
+    };
+    info!(
+        bytes = settings.cache_size,
+        blocks,
+        block_size = settings.fs.read.part_size,
+        "page cache ready"
+    );
     let notifier = Arc::new(OnceLock::new());
     let fs = S3Fs::new(
         rt.handle().clone(),
         s3,
+        cache.clone(),
         &settings.prefix,
         settings.fs.clone(),
         notifier.clone(),
@@ -97,6 +115,7 @@ pub fn run(settings: Settings) -> ! {
         )),
     };
     let _ = notifier.set(session.notifier());
+    set_read_ahead(&mountpoint, settings.read_ahead_kb);
     let mut unmounter = session.unmount_callable();
     let shown = mountpoint.display().to_string();
     rt.spawn(async move {
@@ -120,13 +139,44 @@ pub fn run(settings: Settings) -> ! {
     let result = session.run();
     match result {
         Ok(()) => {
-            info!(mountpoint = %mountpoint.display(), stats = %stats.summary(), "unmounted");
+            info!(
+                mountpoint = %mountpoint.display(),
+                stats = %format_args!("{} {}", stats.summary(), cache.stats.summary()),
+                "unmounted"
+            );
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             std::process::exit(0)
         }
         Err(e) => {
             error!(error = %e, "FUSE session ended with an error");
             std::process::exit(1)
+        }
+    }
+}
+
+/// Raise the kernel's read-ahead for this mount (its bdi `read_ahead_kb`), so buffered reads
+/// arrive in large requests. Needs root; otherwise the kernel default stays.
+fn set_read_ahead(mountpoint: &std::path::Path, kb: u32) {
+    // The device number comes from /proc/self/mountinfo: a stat of the mountpoint would ask
+    // this very file system, which does not serve requests yet.
+    let want = mountpoint.to_string_lossy();
+    let dev = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .filter(|l| l.split(' ').nth(4) == Some(want.as_ref()))
+                .last()
+                .and_then(|l| l.split(' ').nth(2).map(str::to_string))
+        });
+    let Some(dev) = dev else {
+        tracing::debug!("mount not found in mountinfo; kernel read-ahead unchanged");
+        return;
+    };
+    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    match std::fs::write(&path, kb.to_string()) {
+        Ok(()) => tracing::debug!(path, kb, "kernel read-ahead set"),
+        Err(e) => {
+            tracing::info!(path, error = %e, "cannot set the kernel read-ahead (needs root); buffered reads stay at the kernel default")
         }
     }
 }

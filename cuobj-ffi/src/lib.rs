@@ -393,6 +393,14 @@ impl RegisteredBuffer {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The registration and the writable bytes, borrowed together (for an RDMA GET into it).
+    pub fn split_for_write(&mut self) -> (&std::sync::Arc<Registration>, &mut [u8]) {
+        let reg = self.reg.as_ref().expect("registration lives until drop");
+        // SAFETY: unique access through &mut self; the registration is a separate field.
+        let slice = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) };
+        (reg, slice)
+    }
+
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: unique access through &mut self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }

@@ -166,6 +166,24 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub read_part_size: Option<u64>,
 
+    /// Size of the pinned page cache: one mlocked, RDMA-registered arena cut into blocks of the
+    /// read part size [default: min(1GiB, 1/8 of RAM)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub cache_size: Option<u64>,
+
+    /// The most ranged GETs in flight for the whole mount [default: 32]
+    #[arg(long, value_name = "N", help_heading = "Caching and reads")]
+    pub max_inflight_reads: Option<usize>,
+
+    /// Kernel read-ahead of the mount (its bdi read_ahead_kb; root only); the kernel's own
+    /// default of 128 KiB makes buffered reads arrive in 128 KiB requests [default: 1024]
+    #[arg(long, value_name = "KIB", help_heading = "Caching and reads")]
+    pub read_ahead_kb: Option<u32>,
+
+    /// Open files with direct I/O: no kernel page cache, every read goes to s3rdma's cache
+    #[arg(long, help_heading = "Caching and reads")]
+    pub direct_io: bool,
+
     /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB]
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub max_prefetch: Option<u64>,
@@ -274,6 +292,10 @@ impl Cli {
                 self.negative_metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?)
             }
             "read_part_size" => self.read_part_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "cache_size" => self.cache_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "max_inflight_reads" => self.max_inflight_reads = Some(num(value)? as usize),
+            "read_ahead_kb" => self.read_ahead_kb = Some(num(value)? as u32),
+            "direct_io" => self.direct_io = flag(value)?,
             "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
             "log_level" => self.log_level = Some(need(value)?),
             "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
@@ -342,6 +364,26 @@ pub struct Settings {
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub kernel_flags: Vec<MountOption>,
+    pub cache_size: u64,
+    pub max_inflight_reads: usize,
+    pub read_ahead_kb: u32,
+}
+
+/// min(1 GiB, 1/8 of physical memory).
+pub fn default_cache_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let ram = if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        8 << 30
+    };
+    (1u64 << 30).min(ram / 8)
 }
 
 /// Parse `BUCKET`, `BUCKET:PREFIX` or `s3://BUCKET/PREFIX` into (bucket, raw prefix).
@@ -386,6 +428,12 @@ impl Settings {
         if !(64 << 10..=max_part).contains(&read_part_size) {
             return Err(format!(
                 "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit; default 8MiB)"
+            ));
+        }
+        let cache_size = cli.cache_size.unwrap_or_else(default_cache_size);
+        if cache_size < 2 * read_part_size {
+            return Err(format!(
+                "cache size {cache_size} holds fewer than 2 read parts of {read_part_size} bytes; raise --cache-size or lower --read-part-size"
             ));
         }
         let max_threads = cli.max_threads.unwrap_or(16);
@@ -438,6 +486,7 @@ impl Settings {
                     part_size: read_part_size,
                     max_prefetch: cli.max_prefetch.unwrap_or(64 << 20),
                 },
+                direct_io: cli.direct_io,
             },
             bucket,
             prefix,
@@ -451,6 +500,9 @@ impl Settings {
             log_level: cli.log_level.unwrap_or_else(|| "info".into()),
             log_file: cli.log_file,
             kernel_flags: cli.kernel_flags,
+            cache_size,
+            max_inflight_reads: cli.max_inflight_reads.unwrap_or(32).max(1),
+            read_ahead_kb: cli.read_ahead_kb.unwrap_or(1024),
         })
     }
 
@@ -543,7 +595,7 @@ mod tests {
             let sample = match key.as_str() {
                 "file_mode" | "dir_mode" => Some("0644"),
                 "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
-                "read_part_size" | "max_prefetch" => Some("8MiB"),
+                "read_part_size" | "max_prefetch" | "cache_size" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
                 "rdma" => Some("auto"),
                 _ if arg.get_action().takes_values() => Some("1"),

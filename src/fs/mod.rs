@@ -21,7 +21,8 @@ use fuser::{
 use tokio::runtime::Handle;
 use tracing::{debug, debug_span, info, warn};
 
-use crate::read::{ObjectReader, ReadConfig};
+use crate::cache::Cache;
+use crate::read::{ObjectReader, ReadConfig, ReadData};
 use crate::s3::{S3Client, S3Error, S3ErrorKind};
 use dir::{DirBuilder, Listed};
 use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
@@ -38,6 +39,8 @@ pub struct FsConfig {
     /// How long "no such key" is remembered.
     pub negative_ttl: Duration,
     pub read: ReadConfig,
+    /// Open files with FOPEN_DIRECT_IO: no kernel page cache, every read reaches the daemon.
+    pub direct_io: bool,
 }
 
 /// Block size reported by `stat` and `statfs`.
@@ -62,6 +65,7 @@ struct DirEntryOut {
 pub struct S3Fs {
     rt: Handle,
     s3: S3Client,
+    cache: Arc<Cache>,
     cfg: FsConfig,
     inodes: InodeTable,
     negative: Option<moka::sync::Cache<String, ()>>,
@@ -85,6 +89,7 @@ impl S3Fs {
     pub fn new(
         rt: Handle,
         s3: S3Client,
+        cache: Arc<Cache>,
         root_prefix: &str,
         cfg: FsConfig,
         notifier: Arc<OnceLock<Notifier>>,
@@ -98,6 +103,7 @@ impl S3Fs {
         S3Fs {
             rt,
             s3,
+            cache,
             inodes: InodeTable::new(root_prefix),
             negative,
             hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
@@ -295,17 +301,20 @@ impl S3Fs {
         }
         let keep_cache = old.is_some() && !changed;
         let reader = ObjectReader::new(
+            self.cache.clone(),
             self.s3.clone(),
             self.rt.clone(),
-            inode.key.clone(),
-            stat.etag,
+            &inode.key,
+            &stat.etag,
             stat.size,
             self.cfg.read,
         );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.lock_files()
             .insert(fh, Arc::new(OpenFile { ino, reader }));
-        let flags = if keep_cache {
+        let flags = if self.cfg.direct_io {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else if keep_cache {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
@@ -313,7 +322,7 @@ impl S3Fs {
         Ok((fh, flags))
     }
 
-    fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<bytes::Bytes> {
+    fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
         self.rt
             .block_on(file.reader.read(offset, size))
@@ -461,7 +470,7 @@ impl fuser::Filesystem for S3Fs {
     ) {
         let _s = debug_span!("fuse", op = "read", ino = ino.0, offset, size).entered();
         match self.do_read(fh.0, offset, size) {
-            Ok(data) => reply.data(&data),
+            Ok(data) => reply.data(data.as_slice()),
             Err(e) => reply.error(e),
         }
     }

@@ -1,22 +1,20 @@
-//! The read path of one open file: ranged GETs pinned to the ETag seen at open, with sequential
-//! read-ahead.
+//! The read path of one open file: blocks of the shared page cache, pinned to the ETag seen at
+//! open, with sequential read-ahead.
 //!
-//! The file is cut into parts of `part_size` bytes. A read that continues the previous one is
-//! "sequential": it is served from whole parts, and the parts after it are fetched in the
-//! background, the window doubling from one part up to `max_prefetch` bytes. A read anywhere else
-//! resets the window and fetches exactly the bytes asked for. Concurrent readers of a part wait
-//! on one fetch. Every GET carries `If-Match: <etag>`, so the bytes of one handle always come
-//! from one version of the object; a replaced object makes the reads fail with ESTALE.
+//! A read that continues the previous one is "sequential": it is served from cache blocks (one
+//! `--read-part-size` ranged GET each, over RDMA into the registered block when the mount uses
+//! RDMA), and the blocks after it are fetched in the background, the window doubling from one
+//! block up to `--max-prefetch` bytes. A read anywhere else is served from the cache if its
+//! block is there; otherwise, in a file larger than one block, it fetches exactly the bytes
+//! asked for (over HTTP) and resets the window. Every GET carries `If-Match: <etag>`, and the
+//! cache is keyed by ETag, so one handle's bytes always come from one version of the object.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
 use tokio::runtime::Handle;
-use tokio::sync::OnceCell;
-use tokio::task::AbortHandle;
 
-use crate::s3::{RdmaMode, S3Client, S3Error, S3ErrorKind};
+use crate::cache::{BlockKey, BlockRef, Cache};
+use crate::s3::{S3Client, S3Error, S3ErrorKind};
 
 /// Read-ahead tuning.
 #[derive(Clone, Copy, Debug)]
@@ -26,58 +24,63 @@ pub struct ReadConfig {
     pub max_prefetch: u64,
 }
 
-type Slot = OnceCell<Result<Bytes, S3Error>>;
-
 #[derive(Default)]
 struct State {
-    /// Parts fetched or being fetched, by part number.
-    parts: BTreeMap<u64, Arc<Slot>>,
-    /// Background fetches, aborted when the handle goes away.
-    tasks: Vec<AbortHandle>,
     /// Where a sequential reader would read next.
     next_offset: u64,
-    /// Parts to keep in flight ahead of the reader.
+    /// Blocks to keep in flight ahead of the reader.
     window: u64,
+    /// Read-ahead has been started for blocks below this one.
+    prefetched_to: u64,
+}
+
+/// What a read returns: a slice of a cache block (held while the reply is sent), or bytes of
+/// its own.
+pub enum ReadData {
+    Block(BlockRef, usize, usize),
+    Owned(Vec<u8>),
+}
+
+impl ReadData {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            ReadData::Block(b, from, to) => &b.data()[*from..*to],
+            ReadData::Owned(v) => v,
+        }
+    }
 }
 
 /// One open file's view of one object version.
 pub struct ObjectReader {
+    cache: Arc<Cache>,
     s3: S3Client,
     rt: Handle,
-    key: String,
-    etag: String,
+    key: Arc<str>,
+    etag: Arc<str>,
     size: u64,
-    cfg: ReadConfig,
+    max_window: u64,
     state: Mutex<State>,
-}
-
-enum Plan {
-    /// Serve from these parts (first part number, slots in order).
-    Parts(u64, Vec<Arc<Slot>>),
-    /// Fetch exactly the requested range.
-    Direct,
 }
 
 impl ObjectReader {
     pub fn new(
+        cache: Arc<Cache>,
         s3: S3Client,
         rt: Handle,
-        key: String,
-        etag: String,
+        key: &str,
+        etag: &str,
         size: u64,
         cfg: ReadConfig,
     ) -> Self {
-        let cfg = ReadConfig {
-            part_size: cfg.part_size.max(4096),
-            max_prefetch: cfg.max_prefetch,
-        };
+        let bs = cache.block_size() as u64;
         ObjectReader {
+            max_window: (cfg.max_prefetch / bs).max(1),
+            cache,
             s3,
             rt,
-            key,
-            etag,
+            key: key.into(),
+            etag: etag.into(),
             size,
-            cfg,
             state: Mutex::new(State::default()),
         }
     }
@@ -86,195 +89,114 @@ impl ObjectReader {
         &self.key
     }
 
-    pub fn etag(&self) -> &str {
-        &self.etag
+    fn block_key(&self, index: u64) -> BlockKey {
+        BlockKey {
+            key: self.key.clone(),
+            etag: self.etag.clone(),
+            index,
+        }
     }
 
-    pub fn size(&self) -> u64 {
-        self.size
+    fn block_len(&self, index: u64) -> usize {
+        let bs = self.cache.block_size() as u64;
+        bs.min(self.size - index * bs) as usize
     }
 
     /// Read up to `len` bytes at `offset` (fewer at the end of the object).
-    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, S3Error> {
+    pub async fn read(&self, offset: u64, len: u32) -> Result<ReadData, S3Error> {
         let end = self.size.min(offset.saturating_add(len as u64));
         if offset >= end {
-            return Ok(Bytes::new());
+            return Ok(ReadData::Owned(Vec::new()));
         }
-        match self.plan(offset, end) {
-            Plan::Direct => {
-                fetch(
-                    self.s3.clone(),
-                    self.key.clone(),
-                    self.etag.clone(),
-                    offset,
-                    (end - offset) as usize,
-                )
-                .await
-            }
-            Plan::Parts(first, slots) => {
-                let mut parts = Vec::with_capacity(slots.len());
-                for (i, slot) in slots.iter().enumerate() {
-                    let part = first + i as u64;
-                    match self.fill(part, slot).await {
-                        Ok(b) => parts.push(b),
-                        Err(e) => {
-                            self.forget(part, slot);
-                            return Err(e);
-                        }
-                    }
+        let bs = self.cache.block_size() as u64;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let sequential = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            // Forward within one block of where we expected counts as sequential: the kernel's
+            // read-ahead issues requests slightly out of order.
+            let seq = offset >= st.next_offset.saturating_sub(bs) && offset <= st.next_offset + bs;
+            st.next_offset = end;
+            if seq {
+                st.window = (st.window * 2).clamp(1, self.max_window);
+                let last_block = (self.size - 1) / bs;
+                let from = st.prefetched_to.max(last + 1);
+                let to = last_block.min(last + st.window);
+                for index in from..=to {
+                    self.spawn_prefetch(index);
                 }
-                Ok(self.assemble(first, &parts, offset, end))
+                st.prefetched_to = st.prefetched_to.max(to + 1);
+            } else {
+                st.window = 0;
+                st.prefetched_to = 0;
             }
-        }
-    }
-
-    /// Decide how to serve `[offset, end)`, and start the read-ahead.
-    fn plan(&self, offset: u64, end: u64) -> Plan {
-        let ps = self.cfg.part_size;
-        let first = offset / ps;
-        let last = (end - 1) / ps;
-        let last_part = (self.size - 1) / ps;
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let cached = st.parts.contains_key(&first);
-        // Forward within one part of where we expected counts as sequential: the kernel's
-        // read-ahead issues requests slightly out of order.
-        let sequential =
-            offset >= st.next_offset.saturating_sub(ps) && offset <= st.next_offset + ps;
-        st.next_offset = end;
-        if !cached && !sequential {
-            st.window = 0;
-            st.parts.clear();
-            return Plan::Direct;
-        }
-        if sequential {
-            let max_window = (self.cfg.max_prefetch / ps).max(1);
-            st.window = (st.window * 2).clamp(1, max_window);
-        }
-        // Drop parts the reader has left behind (keep one for small backward seeks).
-        let keep_from = first.saturating_sub(1);
-        st.parts = st.parts.split_off(&keep_from);
-        st.tasks.retain(|t| !t.is_finished());
-        let slots: Vec<Arc<Slot>> = (first..=last)
-            .map(|p| st.parts.entry(p).or_default().clone())
-            .collect();
-        if sequential {
-            let ahead_end = last_part.min(last + st.window);
-            for p in last + 1..=ahead_end {
-                if st.parts.contains_key(&p) {
-                    continue;
-                }
-                let slot: Arc<Slot> = Arc::default();
-                st.parts.insert(p, slot.clone());
-                let (s3, key, etag) = (self.s3.clone(), self.key.clone(), self.etag.clone());
-                let (start, len) = self.part_range(p);
-                let task = self.rt.spawn(async move {
-                    slot.get_or_init(|| fetch(s3, key, etag, start, len)).await;
-                });
-                st.tasks.push(task.abort_handle());
-            }
-        }
-        Plan::Parts(first, slots)
-    }
-
-    async fn fill(&self, part: u64, slot: &Slot) -> Result<Bytes, S3Error> {
-        let (start, len) = self.part_range(part);
-        slot.get_or_init(|| {
-            fetch(
-                self.s3.clone(),
-                self.key.clone(),
-                self.etag.clone(),
-                start,
-                len,
-            )
-        })
-        .await
-        .clone()
-    }
-
-    /// A failed part is not kept: the next read retries it.
-    fn forget(&self, part: u64, slot: &Arc<Slot>) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.parts.get(&part).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            st.parts.remove(&part);
-        }
-    }
-
-    fn part_range(&self, part: u64) -> (u64, usize) {
-        let start = part * self.cfg.part_size;
-        let len = self.cfg.part_size.min(self.size - start);
-        (start, len as usize)
-    }
-
-    fn assemble(&self, first: u64, parts: &[Bytes], offset: u64, end: u64) -> Bytes {
-        let ps = self.cfg.part_size;
-        let base = first * ps;
-        if parts.len() == 1 {
-            return parts[0].slice((offset - base) as usize..(end - base) as usize);
-        }
-        let mut out = BytesMut::with_capacity((end - offset) as usize);
-        for (i, part) in parts.iter().enumerate() {
-            let pstart = base + i as u64 * ps;
-            let from = offset.max(pstart) - pstart;
-            let to = end.min(pstart + part.len() as u64) - pstart;
-            out.extend_from_slice(&part[from as usize..to as usize]);
-        }
-        out.freeze()
-    }
-}
-
-impl Drop for ObjectReader {
-    fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        for t in st.tasks.drain(..) {
-            t.abort();
-        }
-    }
-}
-
-/// GET one range: over RDMA into a freshly registered buffer when the mount uses RDMA, else
-/// over HTTP into plain memory.
-async fn fetch(
-    s3: S3Client,
-    key: String,
-    etag: String,
-    start: u64,
-    len: usize,
-) -> Result<Bytes, S3Error> {
-    let (s3r, keyr, etagr) = (&s3, &key, &etag);
-    let http = || async move {
-        let mut buf = vec![0u8; len];
-        s3r.get_range_into(keyr, etagr, start, &mut buf)
-            .await
-            .map(|()| Bytes::from(buf))
-    };
-    let result = if s3.rdma_mode() == RdmaMode::Off {
-        http().await
-    } else {
-        match cuobj_ffi::RegisteredBuffer::new(len) {
-            Ok(mut buf) => s3
-                .get_range_rdma(&key, &etag, start, &mut buf)
+            seq
+        };
+        if !sequential
+            && self.size > bs
+            && first == last
+            && !self.cache.contains(&self.block_key(first))
+        {
+            // A seek in a large file: exactly the bytes asked for.
+            let mut buf = vec![0u8; (end - offset) as usize];
+            self.s3
+                .get_range_into(&self.key, &self.etag, offset, &mut buf)
                 .await
-                .map(|()| Bytes::from_owner(buf)),
-            Err(e) if s3.rdma_mode() == RdmaMode::Required => Err(S3Error::new(
-                S3ErrorKind::RdmaDeclined,
+                .map_err(pinned_gone)?;
+            return Ok(ReadData::Owned(buf));
+        }
+        if first == last {
+            let b = self.block(first).await?;
+            let base = first * bs;
+            return Ok(ReadData::Block(
+                b,
+                (offset - base) as usize,
+                (end - base) as usize,
+            ));
+        }
+        // Across blocks: hold one block at a time, so that a tiny cache cannot deadlock.
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for index in first..=last {
+            let b = self.block(index).await?;
+            let base = index * bs;
+            let from = offset.max(base) - base;
+            let to = end.min(base + b.data().len() as u64) - base;
+            out.extend_from_slice(&b.data()[from as usize..to as usize]);
+        }
+        Ok(ReadData::Owned(out))
+    }
+
+    async fn block(&self, index: u64) -> Result<BlockRef, S3Error> {
+        let key = self.block_key(index);
+        match self.cache.get(&key, self.block_len(index), false).await? {
+            Some(b) => Ok(b),
+            None => Err(S3Error::new(
+                S3ErrorKind::Other,
                 "GetObject",
-                &key,
-                e.to_string(),
+                &self.key,
+                "cache returned no block",
             )),
-            Err(e) => {
-                tracing::warn!(key, error = %e, "cannot register a read buffer; reading over HTTP");
-                http().await
-            }
         }
-    };
-    match result {
-        Ok(b) => Ok(b),
-        // The version this handle pinned is gone either way: deleted reads like replaced.
-        Err(mut e) if e.kind == S3ErrorKind::NotFound => {
-            e.kind = S3ErrorKind::PreconditionFailed;
-            e.message = format!("object deleted since it was opened ({})", e.message);
-            Err(e)
-        }
-        Err(e) => Err(e),
     }
+
+    fn spawn_prefetch(&self, index: u64) {
+        let cache = self.cache.clone();
+        let key = self.block_key(index);
+        let len = self.block_len(index);
+        // Read-ahead is best effort: it never waits for room, and a failure is left for the
+        // reader to meet (and report) when it gets there.
+        self.rt.spawn(async move {
+            if let Err(e) = cache.get(&key, len, true).await {
+                tracing::debug!(key = %key.key, block = key.index, error = %e, "read-ahead failed");
+            }
+        });
+    }
+}
+
+/// The version a handle pinned is gone either way: a deleted object reads like a replaced one.
+pub(crate) fn pinned_gone(mut e: S3Error) -> S3Error {
+    if e.kind == S3ErrorKind::NotFound {
+        e.kind = S3ErrorKind::PreconditionFailed;
+        e.message = format!("object deleted since it was opened ({})", e.message);
+    }
+    e
 }

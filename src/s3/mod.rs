@@ -18,7 +18,7 @@ use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumVal
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::RequestId;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
-use cuobj_ffi::{Op, RegisteredBuffer};
+use cuobj_ffi::{Op, RegisteredBuffer, Registration};
 use tracing::{debug, Instrument};
 
 pub use error::{S3Error, S3ErrorKind};
@@ -285,6 +285,23 @@ impl S3Client {
         offset: u64,
         buf: &mut RegisteredBuffer,
     ) -> Result<(), S3Error> {
+        self.get_range_rdma_window(key, etag, offset, RdmaWindow::of_buffer(buf))
+            .await
+    }
+
+    /// [`S3Client::get_range_rdma`] into a window of a registration (e.g. one cache block).
+    pub async fn get_range_rdma_window(
+        &self,
+        key: &str,
+        etag: &str,
+        offset: u64,
+        win: RdmaWindow<'_>,
+    ) -> Result<(), S3Error> {
+        let RdmaWindow {
+            reg,
+            offset: reg_offset,
+            buf,
+        } = win;
         let len = buf.len();
         let end = offset + len as u64 - 1;
         let span = tracing::debug_span!(
@@ -298,8 +315,8 @@ impl S3Client {
         async {
             let seen = Arc::new(Mutex::new(ReplySeen::default()));
             let icpt = TokenInterceptor::new(
-                buf.registration().clone(),
-                0,
+                reg.clone(),
+                reg_offset,
                 len,
                 Op::Get,
                 self.stats.clone(),
@@ -322,9 +339,7 @@ impl S3Client {
                 Err(e) => {
                     if self.declined_by_error(&e) {
                         self.decline("GetObject", key)?;
-                        return self
-                            .get_range_into(key, etag, offset, buf.as_mut_slice())
-                            .await;
+                        return self.get_range_into(key, etag, offset, buf).await;
                     }
                     return Err(convert("GetObject", key, e));
                 }
@@ -347,8 +362,7 @@ impl S3Client {
                 Verdict::Declined => {
                     self.decline("GetObject", key)?;
                     // A declining server sends the object in the body, as plain S3 does.
-                    self.read_body_into(out.body, key, buf.as_mut_slice())
-                        .await?;
+                    self.read_body_into(out.body, key, buf).await?;
                     TransportStats::add(&self.stats.http_bytes_read, len as u64);
                     Ok(())
                 }
@@ -731,6 +745,35 @@ fn ignored_token<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> bool
             code,
             Some("BadDigest") | Some("XAmzContentChecksumMismatch") | Some("InvalidDigest")
         )
+}
+
+/// Memory the endpoint may write a GET into: `buf` is exactly the bytes at `offset` of `reg`.
+pub struct RdmaWindow<'a> {
+    reg: &'a Arc<Registration>,
+    offset: usize,
+    buf: &'a mut [u8],
+}
+
+impl<'a> RdmaWindow<'a> {
+    /// The whole of a registered buffer.
+    pub fn of_buffer(buf: &'a mut RegisteredBuffer) -> Self {
+        // SAFETY: a RegisteredBuffer's slice is exactly its registration.
+        let (reg, slice) = buf.split_for_write();
+        RdmaWindow {
+            reg,
+            offset: 0,
+            buf: slice,
+        }
+    }
+
+    /// A window of a larger registration.
+    ///
+    /// # Safety
+    /// `buf` must be the memory at `offset..offset + buf.len()` of `reg`, and nothing else may
+    /// read or write it until the transfer ends: the endpoint writes there behind Rust's back.
+    pub unsafe fn new(reg: &'a Arc<Registration>, offset: usize, buf: &'a mut [u8]) -> Self {
+        RdmaWindow { reg, offset, buf }
+    }
 }
 
 /// Where the bytes of a PUT come from.

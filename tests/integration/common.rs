@@ -290,6 +290,12 @@ impl Mount {
             ])
             .args(["--log-level", "debug", "--log-file"])
             .arg(&log)
+            // A modest pinned cache per mount unless the test picks one (the default is 1 GiB).
+            .args(if extra.contains(&"--cache-size") {
+                &[][..]
+            } else {
+                &["--cache-size", "128MiB"][..]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
