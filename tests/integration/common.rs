@@ -326,6 +326,11 @@ impl Mount {
         m
     }
 
+    /// The daemon's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
     pub fn join(&self, rel: &str) -> PathBuf {
         self.path.join(rel)
     }
@@ -445,6 +450,20 @@ impl Drop for RdmaEndpoint {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A counter from the daemon's "unmounted" log line (`name=value`).
+pub fn unmount_counter(log: &str, name: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("unmounted") && l.contains("rdma_bytes_read="))
+        .unwrap_or_else(|| panic!("no counters at unmount in:\n{}", tail(log, 2000)));
+    let start = line.find(&format!(" {name}=")).or_else(|| line.find(&format!("={name}=")))
+        .map(|i| i + 1)
+        .or_else(|| line.find(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {line}"));
+    let rest = &line[start + name.len() + 1..];
+    rest.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("0").parse().unwrap_or(0)
 }
 
 /// Fetch an object straight from SeaweedFS (not through any endpoint): None if absent.

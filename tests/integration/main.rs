@@ -1,6 +1,7 @@
 //! Integration tests: the real binary mounted on a real SeaweedFS, driven with std::fs and shell
 //! tools. Each `[S-...]` tag names the SEMANTICS.md statement a test exercises.
 
+mod cache;
 mod common;
 mod namespace;
 mod rdma;

@@ -1,0 +1,178 @@
+//! The pinned page cache: correctness under concurrency, eviction, tiny caches, bounded memory.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+fn read_all(path: &std::path::Path) -> Vec<u8> {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Run `jobs` on threads, each bounded by `limit` in all: a hang fails the test instead of
+/// blocking it.
+fn run_bounded(jobs: Vec<Box<dyn FnOnce() + Send>>, limit: Duration) {
+    let (tx, rx) = mpsc::channel();
+    let n = jobs.len();
+    for job in jobs {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            let _ = tx.send(r.is_ok());
+        });
+    }
+    let deadline = Instant::now() + limit;
+    for _ in 0..n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ok = rx.recv_timeout(left).expect("readers did not finish in time (deadlock?)");
+        assert!(ok, "a reader failed");
+    }
+}
+
+fn concurrent_readers(transport: &[&str], endpoint: &str) {
+    let b = bucket("cache-conc");
+    let len = 24 << 20;
+    let files: Vec<Vec<u8>> = (0..3).map(|i| pattern(len, 40 + i)).collect();
+    for (i, f) in files.iter().enumerate() {
+        put(&b, &format!("f{i}"), f.clone());
+    }
+    let mut args = vec!["--cache-size", "32MiB", "--read-part-size", "2MiB", "--max-prefetch", "8MiB"];
+    args.extend_from_slice(transport);
+    let m = Mount::new_at(endpoint, &b, &args);
+    let mut jobs: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
+    for i in 0..3 {
+        // A sequential reader of each file, and a second one of f0.
+        let (path, want) = (m.join(&format!("f{i}")), files[i].clone());
+        jobs.push(Box::new(move || assert!(read_all(&path) == want, "sequential f{i}")));
+    }
+    let (p0, w0) = (m.join("f0"), files[0].clone());
+    jobs.push(Box::new(move || assert!(read_all(&p0) == w0, "second reader of f0")));
+    for i in 0..3 {
+        let (path, want) = (m.join(&format!("f{i}")), files[i].clone());
+        jobs.push(Box::new(move || {
+            let mut f = std::fs::File::open(&path).unwrap();
+            let mut x = 77u64 + i as u64;
+            for _ in 0..60 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let off = (x >> 20) as usize % len;
+                let n = (1 << 20usize).min(len - off);
+                f.seek(SeekFrom::Start(off as u64)).unwrap();
+                let mut got = vec![0u8; n];
+                f.read_exact(&mut got).unwrap();
+                assert!(got == want[off..off + n], "random read of f{i} at {off}");
+            }
+        }));
+    }
+    run_bounded(jobs, Duration::from_secs(180));
+    let log = m.stop();
+    // 72 MiB of files through a 32 MiB cache: blocks were evicted and refilled.
+    assert!(unmount_counter(&log, "evictions") > 0, "{}", tail(&log, 600));
+    let rdma = unmount_counter(&log, "rdma_bytes_read");
+    if transport.contains(&"required") {
+        assert!(rdma > 0);
+    } else {
+        assert_eq!(rdma, 0);
+    }
+}
+
+// [S-CACHE-CONCURRENT]
+#[test]
+fn concurrent_sequential_and_random_readers_over_http() {
+    concurrent_readers(&["--rdma", "off"], &server().endpoint);
+}
+
+// [S-CACHE-CONCURRENT]
+#[test]
+fn concurrent_sequential_and_random_readers_over_rdma() {
+    let ep = RdmaEndpoint::start();
+    concurrent_readers(&["--rdma", "required"], &ep.url);
+}
+
+// [S-CACHE-EVICT]
+#[test]
+fn a_file_larger_than_the_cache_reads_correctly() {
+    let b = bucket("cache-large");
+    let data = pattern(40 << 20, 50);
+    put(&b, "big", data.clone());
+    let m = Mount::new(&b, &["--cache-size", "8MiB", "--read-part-size", "2MiB"]);
+    assert!(read_all(&m.join("big")) == data);
+    // Read again: nothing stale or mixed after the blocks were recycled.
+    assert!(read_all(&m.join("big")) == data);
+    let log = m.stop();
+    assert!(unmount_counter(&log, "evictions") >= 16, "{}", tail(&log, 600));
+}
+
+// [S-CACHE-TINY]
+#[test]
+fn many_readers_share_a_tiny_cache_without_deadlock() {
+    let b = bucket("cache-tiny");
+    let files: Vec<Vec<u8>> = (0..12).map(|i| pattern((5 << 20) + i * 1000, 60 + i as u64)).collect();
+    for (i, f) in files.iter().enumerate() {
+        put(&b, &format!("f{i:02}"), f.clone());
+    }
+    // Two blocks for twelve readers.
+    let m = Mount::new(&b, &["--cache-size", "2MiB", "--read-part-size", "1MiB", "--max-threads", "16"]);
+    let jobs = files
+        .iter()
+        .enumerate()
+        .map(|(i, want)| {
+            let (path, want) = (m.join(&format!("f{i:02}")), want.clone());
+            Box::new(move || assert!(read_all(&path) == want, "f{i:02}")) as Box<dyn FnOnce() + Send>
+        })
+        .collect();
+    run_bounded(jobs, Duration::from_secs(180));
+    let log = m.stop();
+    assert!(unmount_counter(&log, "evictions") > 0);
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+// [S-CACHE-MEMORY]
+#[test]
+fn daemon_memory_stays_within_the_cache_size() {
+    let b = bucket("cache-rss");
+    let cache_mib = 64u64;
+    let data = pattern(256 << 20, 70);
+    put(&b, "huge", data.clone());
+    let m = Mount::new(&b, &["--cache-size", "64MiB", "--read-part-size", "8MiB"]);
+    let pid = m.pid();
+    let (done_tx, done_rx) = mpsc::channel();
+    let path = m.join("huge");
+    let reader = std::thread::spawn(move || {
+        let ok = read_all(&path) == data;
+        let _ = done_tx.send(());
+        ok
+    });
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done_rx.try_recv().is_err() && Instant::now() < deadline {
+        peak = peak.max(rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reader.join().unwrap(), "content");
+    peak = peak.max(rss_kib(pid));
+    // The cache (pinned, so fully resident) plus a generous fixed overhead; reading 4x the
+    // cache size must not grow the daemon beyond it.
+    let bound = (cache_mib + 96) << 10;
+    eprintln!("daemon peak RSS {} MiB with a {cache_mib} MiB cache", peak >> 10);
+    assert!(peak > cache_mib << 10, "the pinned cache must be resident ({peak} KiB)");
+    assert!(peak < bound, "peak RSS {peak} KiB exceeds {bound} KiB");
+}
