@@ -1,0 +1,183 @@
+//! The ceiling for any client: the AWS SDK itself reading the same bytes from the same server at
+//! the same concurrency, as the read benchmark does through the mount.
+//!
+//!   sdk_bench ENDPOINT BUCKET seq KEY PART_SIZE STREAMS
+//!   sdk_bench ENDPOINT BUCKET rand KEY IO_SIZE STREAMS COUNT
+//!   sdk_bench ENDPOINT BUCKET files PREFIX STREAMS
+//!   sdk_bench ENDPOINT BUCKET put KEY SIZE               (fills the benchmark bucket)
+//!   sdk_bench ENDPOINT BUCKET put-files PREFIX COUNT SIZE STREAMS
+//!
+//! Prints `MiB/s` (for put modes: nothing). Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use tokio::sync::Semaphore;
+
+fn arg(args: &[String], i: usize) -> String {
+    args.get(i).cloned().unwrap_or_else(|| {
+        eprintln!("usage: see examples/sdk_read.rs");
+        std::process::exit(2)
+    })
+}
+
+async fn get(c: &aws_sdk_s3::Client, bucket: &str, key: &str, range: Option<(u64, u64)>) -> u64 {
+    let mut req = c.get_object().bucket(bucket).key(key);
+    if let Some((a, b)) = range {
+        req = req.range(format!("bytes={a}-{b}"));
+    }
+    let out = req.send().await.expect("GET");
+    let mut body = out.body;
+    let mut n = 0u64;
+    while let Some(chunk) = body.next().await {
+        n += chunk.expect("body").len() as u64;
+    }
+    n
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (endpoint, bucket, mode) = (arg(&args, 1), arg(&args, 2), arg(&args, 3));
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    let conf = aws_sdk_s3::config::Builder::new()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), None, None, "bench"))
+        .force_path_style(true)
+        .build();
+    let c = aws_sdk_s3::Client::from_conf(conf);
+    let start = Instant::now();
+    let total: u64 = match mode.as_str() {
+        "seq" => {
+            // STREAMS readers, each reading the whole object in PART_SIZE ranges, PART_SIZE
+            // ranges in flight per reader as the mount's read-ahead keeps them.
+            let key = arg(&args, 4);
+            let part: u64 = arg(&args, 5).parse().expect("part size");
+            let streams: usize = arg(&args, 6).parse().expect("streams");
+            let size = c.head_object().bucket(&bucket).key(&key).send().await.expect("HEAD").content_length().unwrap_or(0) as u64;
+            let sem = Arc::new(Semaphore::new(streams * 8));
+            let mut tasks = Vec::new();
+            for _ in 0..streams {
+                let mut off = 0;
+                while off < size {
+                    let end = (off + part).min(size) - 1;
+                    let (c, b, k, sem) = (c.clone(), bucket.clone(), key.clone(), sem.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let _p = sem.acquire().await;
+                        get(&c, &b, &k, Some((off, end))).await
+                    }));
+                    off += part;
+                }
+            }
+            let mut n = 0;
+            for t in tasks {
+                n += t.await.expect("task");
+            }
+            n
+        }
+        "rand" => {
+            let key = arg(&args, 4);
+            let io: u64 = arg(&args, 5).parse().expect("io size");
+            let streams: usize = arg(&args, 6).parse().expect("streams");
+            let count: u64 = arg(&args, 7).parse().expect("count");
+            let size = c.head_object().bucket(&bucket).key(&key).send().await.expect("HEAD").content_length().unwrap_or(0) as u64;
+            let sem = Arc::new(Semaphore::new(streams));
+            let mut x = 12345u64;
+            let mut tasks = Vec::new();
+            for _ in 0..count {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let off = ((x >> 16) % (size / io)) * io;
+                let (c, b, k, sem) = (c.clone(), bucket.clone(), key.clone(), sem.clone());
+                tasks.push(tokio::spawn(async move {
+                    let _p = sem.acquire().await;
+                    get(&c, &b, &k, Some((off, off + io - 1))).await
+                }));
+            }
+            let mut n = 0;
+            for t in tasks {
+                n += t.await.expect("task");
+            }
+            n
+        }
+        "files" => {
+            let prefix = arg(&args, 4);
+            let streams: usize = arg(&args, 5).parse().expect("streams");
+            let mut keys = Vec::new();
+            let mut token = None;
+            loop {
+                let out = c.list_objects_v2().bucket(&bucket).prefix(&prefix).set_continuation_token(token).send().await.expect("LIST");
+                keys.extend(out.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+                token = out.next_continuation_token().map(str::to_string);
+                if token.is_none() {
+                    break;
+                }
+            }
+            let sem = Arc::new(Semaphore::new(streams));
+            let mut tasks = Vec::new();
+            for k in keys {
+                let (c, b, sem) = (c.clone(), bucket.clone(), sem.clone());
+                tasks.push(tokio::spawn(async move {
+                    let _p = sem.acquire().await;
+                    get(&c, &b, &k, None).await
+                }));
+            }
+            let mut n = 0;
+            for t in tasks {
+                n += t.await.expect("task");
+            }
+            n
+        }
+        "put" => {
+            let key = arg(&args, 4);
+            let size: usize = arg(&args, 5).parse().expect("size");
+            let data = pseudo_random(size, 1);
+            let _ = c.create_bucket().bucket(&bucket).send().await;
+            c.put_object().bucket(&bucket).key(&key).body(data.into()).send().await.expect("PUT");
+            return;
+        }
+        "put-files" => {
+            let prefix = arg(&args, 4);
+            let count: usize = arg(&args, 5).parse().expect("count");
+            let size: usize = arg(&args, 6).parse().expect("size");
+            let streams: usize = arg(&args, 7).parse().expect("streams");
+            let _ = c.create_bucket().bucket(&bucket).send().await;
+            let sem = Arc::new(Semaphore::new(streams));
+            let mut tasks = Vec::new();
+            for i in 0..count {
+                let (c, b, sem) = (c.clone(), bucket.clone(), sem.clone());
+                let key = format!("{prefix}{i:05}.bin");
+                let data = pseudo_random(size, i as u64 + 2);
+                tasks.push(tokio::spawn(async move {
+                    let _p = sem.acquire().await;
+                    c.put_object().bucket(&b).key(&key).body(data.into()).send().await.expect("PUT");
+                }));
+            }
+            for t in tasks {
+                t.await.expect("task");
+            }
+            return;
+        }
+        other => {
+            eprintln!("unknown mode {other}");
+            std::process::exit(2)
+        }
+    };
+    let secs = start.elapsed().as_secs_f64();
+    println!("{:.1}", total as f64 / (1 << 20) as f64 / secs);
+}
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
