@@ -452,18 +452,19 @@ impl Drop for RdmaEndpoint {
     }
 }
 
-/// A counter from the daemon's "unmounted" log line (`name=value`).
+/// A counter from the daemon's "unmounted" log line (`... name=value ...`).
 pub fn unmount_counter(log: &str, name: &str) -> u64 {
     let line = log
         .lines()
         .find(|l| l.contains("unmounted") && l.contains("rdma_bytes_read="))
         .unwrap_or_else(|| panic!("no counters at unmount in:\n{}", tail(log, 2000)));
-    let start = line.find(&format!(" {name}=")).or_else(|| line.find(&format!("={name}=")))
-        .map(|i| i + 1)
-        .or_else(|| line.find(&format!("{name}=")))
-        .unwrap_or_else(|| panic!("no {name} in {line}"));
-    let rest = &line[start + name.len() + 1..];
-    rest.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("0").parse().unwrap_or(0)
+    let want = format!("{name}=");
+    line.split_whitespace()
+        .map(|w| w.strip_prefix("stats=").unwrap_or(w))
+        .find_map(|w| w.strip_prefix(want.as_str()))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
 }
 
 /// Fetch an object straight from SeaweedFS (not through any endpoint): None if absent.

@@ -201,23 +201,6 @@ fn retries_mint_a_fresh_token_per_attempt() {
     assert!(get(&s3, "drop", 1 << 20).unwrap() == pattern(1 << 20, 10));
 }
 
-fn stats_line(log: &str) -> String {
-    log.lines()
-        .find(|l| l.contains("unmounted") && l.contains("rdma_bytes_read="))
-        .unwrap_or_else(|| panic!("no stats at unmount in:\n{}", tail(log, 2000)))
-        .to_string()
-}
-
-fn counter(line: &str, name: &str) -> u64 {
-    let start = line.find(&format!("{name}=")).expect(name) + name.len() + 1;
-    line[start..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 // [S-RDMA-MOUNT]
 #[test]
 fn the_mount_reads_its_files_over_rdma() {
@@ -232,22 +215,18 @@ fn the_mount_reads_its_files_over_rdma() {
         std::fs::read(m.join("small.txt")).unwrap(),
         b"hello over rdma"
     );
-    let line = stats_line(&m.stop());
+    let log = m.stop();
     let total = big.len() as u64 + 15;
-    assert_eq!(counter(&line, "rdma_bytes_read"), total, "{line}");
-    assert_eq!(counter(&line, "http_bytes_read"), 0, "{line}");
+    assert_eq!(unmount_counter(&log, "rdma_bytes_read"), total);
+    assert_eq!(unmount_counter(&log, "http_bytes_read"), 0);
 
     // The same through rdma=off: every byte over HTTP, no token minted.
     let m = Mount::new_at(&ep.url, &b, &["--rdma", "off"]);
     assert!(std::fs::read(m.join("big.bin")).unwrap() == big);
-    let line = stats_line(&m.stop());
-    assert_eq!(counter(&line, "rdma_bytes_read"), 0, "{line}");
-    assert_eq!(counter(&line, "tokens"), 0, "{line}");
-    assert_eq!(
-        counter(&line, "http_bytes_read"),
-        big.len() as u64,
-        "{line}"
-    );
+    let log = m.stop();
+    assert_eq!(unmount_counter(&log, "rdma_bytes_read"), 0);
+    assert_eq!(unmount_counter(&log, "tokens"), 0);
+    assert_eq!(unmount_counter(&log, "http_bytes_read"), big.len() as u64);
 }
 
 fn put_many_static(bucket: &str, key: &str, body: &'static [u8]) {
