@@ -45,7 +45,13 @@ async fn main() {
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(&endpoint)
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), None, None, "bench"))
+        .credentials_provider(Credentials::new(
+            env("AWS_ACCESS_KEY_ID"),
+            env("AWS_SECRET_ACCESS_KEY"),
+            None,
+            None,
+            "bench",
+        ))
         .force_path_style(true)
         .build();
     let c = aws_sdk_s3::Client::from_conf(conf);
@@ -57,7 +63,15 @@ async fn main() {
             let key = arg(&args, 4);
             let part: u64 = arg(&args, 5).parse().expect("part size");
             let streams: usize = arg(&args, 6).parse().expect("streams");
-            let size = c.head_object().bucket(&bucket).key(&key).send().await.expect("HEAD").content_length().unwrap_or(0) as u64;
+            let size = c
+                .head_object()
+                .bucket(&bucket)
+                .key(&key)
+                .send()
+                .await
+                .expect("HEAD")
+                .content_length()
+                .unwrap_or(0) as u64;
             let sem = Arc::new(Semaphore::new(streams * 8));
             let mut tasks = Vec::new();
             for _ in 0..streams {
@@ -83,12 +97,22 @@ async fn main() {
             let io: u64 = arg(&args, 5).parse().expect("io size");
             let streams: usize = arg(&args, 6).parse().expect("streams");
             let count: u64 = arg(&args, 7).parse().expect("count");
-            let size = c.head_object().bucket(&bucket).key(&key).send().await.expect("HEAD").content_length().unwrap_or(0) as u64;
+            let size = c
+                .head_object()
+                .bucket(&bucket)
+                .key(&key)
+                .send()
+                .await
+                .expect("HEAD")
+                .content_length()
+                .unwrap_or(0) as u64;
             let sem = Arc::new(Semaphore::new(streams));
             let mut x = 12345u64;
             let mut tasks = Vec::new();
             for _ in 0..count {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let off = ((x >> 16) % (size / io)) * io;
                 let (c, b, k, sem) = (c.clone(), bucket.clone(), key.clone(), sem.clone());
                 tasks.push(tokio::spawn(async move {
@@ -108,8 +132,19 @@ async fn main() {
             let mut keys = Vec::new();
             let mut token = None;
             loop {
-                let out = c.list_objects_v2().bucket(&bucket).prefix(&prefix).set_continuation_token(token).send().await.expect("LIST");
-                keys.extend(out.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+                let out = c
+                    .list_objects_v2()
+                    .bucket(&bucket)
+                    .prefix(&prefix)
+                    .set_continuation_token(token)
+                    .send()
+                    .await
+                    .expect("LIST");
+                keys.extend(
+                    out.contents()
+                        .iter()
+                        .filter_map(|o| o.key().map(str::to_string)),
+                );
                 token = out.next_continuation_token().map(str::to_string);
                 if token.is_none() {
                     break;
@@ -135,7 +170,13 @@ async fn main() {
             let size: usize = arg(&args, 5).parse().expect("size");
             let data = pseudo_random(size, 1);
             let _ = c.create_bucket().bucket(&bucket).send().await;
-            c.put_object().bucket(&bucket).key(&key).body(data.into()).send().await.expect("PUT");
+            c.put_object()
+                .bucket(&bucket)
+                .key(&key)
+                .body(data.into())
+                .send()
+                .await
+                .expect("PUT");
             return;
         }
         "put-files" => {
@@ -152,7 +193,13 @@ async fn main() {
                 let data = pseudo_random(size, i as u64 + 2);
                 tasks.push(tokio::spawn(async move {
                     let _p = sem.acquire().await;
-                    c.put_object().bucket(&b).key(&key).body(data.into()).send().await.expect("PUT");
+                    c.put_object()
+                        .bucket(&b)
+                        .key(&key)
+                        .body(data.into())
+                        .send()
+                        .await
+                        .expect("PUT");
                 }));
             }
             for t in tasks {

@@ -34,7 +34,9 @@ fn run_bounded(jobs: Vec<Box<dyn FnOnce() + Send>>, limit: Duration) {
     let deadline = Instant::now() + limit;
     for _ in 0..n {
         let left = deadline.saturating_duration_since(Instant::now());
-        let ok = rx.recv_timeout(left).expect("readers did not finish in time (deadlock?)");
+        let ok = rx
+            .recv_timeout(left)
+            .expect("readers did not finish in time (deadlock?)");
         assert!(ok, "a reader failed");
     }
 }
@@ -46,24 +48,37 @@ fn concurrent_readers(transport: &[&str], endpoint: &str) {
     for (i, f) in files.iter().enumerate() {
         put(&b, &format!("f{i}"), f.clone());
     }
-    let mut args = vec!["--cache-size", "32MiB", "--read-part-size", "2MiB", "--max-prefetch", "8MiB"];
+    let mut args = vec![
+        "--cache-size",
+        "32MiB",
+        "--read-part-size",
+        "2MiB",
+        "--max-prefetch",
+        "8MiB",
+    ];
     args.extend_from_slice(transport);
     let m = Mount::new_at(endpoint, &b, &args);
     let mut jobs: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
     for i in 0..3 {
         // A sequential reader of each file, and a second one of f0.
         let (path, want) = (m.join(&format!("f{i}")), files[i].clone());
-        jobs.push(Box::new(move || assert!(read_all(&path) == want, "sequential f{i}")));
+        jobs.push(Box::new(move || {
+            assert!(read_all(&path) == want, "sequential f{i}")
+        }));
     }
     let (p0, w0) = (m.join("f0"), files[0].clone());
-    jobs.push(Box::new(move || assert!(read_all(&p0) == w0, "second reader of f0")));
+    jobs.push(Box::new(move || {
+        assert!(read_all(&p0) == w0, "second reader of f0")
+    }));
     for i in 0..3 {
         let (path, want) = (m.join(&format!("f{i}")), files[i].clone());
         jobs.push(Box::new(move || {
             let mut f = std::fs::File::open(&path).unwrap();
             let mut x = 77u64 + i as u64;
             for _ in 0..60 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let off = (x >> 20) as usize % len;
                 let n = (1 << 20usize).min(len - off);
                 f.seek(SeekFrom::Start(off as u64)).unwrap();
@@ -76,7 +91,11 @@ fn concurrent_readers(transport: &[&str], endpoint: &str) {
     run_bounded(jobs, Duration::from_secs(180));
     let log = m.stop();
     // 72 MiB of files through a 32 MiB cache: blocks were evicted and refilled.
-    assert!(unmount_counter(&log, "evictions") > 0, "{}", tail(&log, 600));
+    assert!(
+        unmount_counter(&log, "evictions") > 0,
+        "{}",
+        tail(&log, 600)
+    );
     let rdma = unmount_counter(&log, "rdma_bytes_read");
     if transport.contains(&"required") {
         assert!(rdma > 0);
@@ -109,25 +128,42 @@ fn a_file_larger_than_the_cache_reads_correctly() {
     // Read again: nothing stale or mixed after the blocks were recycled.
     assert!(read_all(&m.join("big")) == data);
     let log = m.stop();
-    assert!(unmount_counter(&log, "evictions") >= 16, "{}", tail(&log, 600));
+    assert!(
+        unmount_counter(&log, "evictions") >= 16,
+        "{}",
+        tail(&log, 600)
+    );
 }
 
 // [S-CACHE-TINY]
 #[test]
 fn many_readers_share_a_tiny_cache_without_deadlock() {
     let b = bucket("cache-tiny");
-    let files: Vec<Vec<u8>> = (0..12).map(|i| pattern((5 << 20) + i * 1000, 60 + i as u64)).collect();
+    let files: Vec<Vec<u8>> = (0..12)
+        .map(|i| pattern((5 << 20) + i * 1000, 60 + i as u64))
+        .collect();
     for (i, f) in files.iter().enumerate() {
         put(&b, &format!("f{i:02}"), f.clone());
     }
     // Two blocks for twelve readers.
-    let m = Mount::new(&b, &["--cache-size", "2MiB", "--read-part-size", "1MiB", "--max-threads", "16"]);
+    let m = Mount::new(
+        &b,
+        &[
+            "--cache-size",
+            "2MiB",
+            "--read-part-size",
+            "1MiB",
+            "--max-threads",
+            "16",
+        ],
+    );
     let jobs = files
         .iter()
         .enumerate()
         .map(|(i, want)| {
             let (path, want) = (m.join(&format!("f{i:02}")), want.clone());
-            Box::new(move || assert!(read_all(&path) == want, "f{i:02}")) as Box<dyn FnOnce() + Send>
+            Box::new(move || assert!(read_all(&path) == want, "f{i:02}"))
+                as Box<dyn FnOnce() + Send>
         })
         .collect();
     run_bounded(jobs, Duration::from_secs(180));
@@ -172,7 +208,13 @@ fn daemon_memory_stays_within_the_cache_size() {
     // The cache (pinned, so fully resident) plus a generous fixed overhead; reading 4x the
     // cache size must not grow the daemon beyond it.
     let bound = (cache_mib + 96) << 10;
-    eprintln!("daemon peak RSS {} MiB with a {cache_mib} MiB cache", peak >> 10);
-    assert!(peak > cache_mib << 10, "the pinned cache must be resident ({peak} KiB)");
+    eprintln!(
+        "daemon peak RSS {} MiB with a {cache_mib} MiB cache",
+        peak >> 10
+    );
+    assert!(
+        peak > cache_mib << 10,
+        "the pinned cache must be resident ({peak} KiB)"
+    );
     assert!(peak < bound, "peak RSS {peak} KiB exceeds {bound} KiB");
 }
