@@ -164,8 +164,7 @@ fn set_read_ahead(mountpoint: &std::path::Path, kb: u32) {
         .ok()
         .and_then(|info| {
             info.lines()
-                .filter(|l| l.split(' ').nth(4) == Some(want.as_ref()))
-                .last()
+                .rfind(|l| l.split(' ').nth(4) == Some(want.as_ref()))
                 .and_then(|l| l.split(' ').nth(2).map(str::to_string))
         });
     let Some(dev) = dev else {

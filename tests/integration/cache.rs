@@ -59,9 +59,9 @@ fn concurrent_readers(transport: &[&str], endpoint: &str) {
     args.extend_from_slice(transport);
     let m = Mount::new_at(endpoint, &b, &args);
     let mut jobs: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
-    for i in 0..3 {
+    for (i, want) in files.iter().enumerate() {
         // A sequential reader of each file, and a second one of f0.
-        let (path, want) = (m.join(&format!("f{i}")), files[i].clone());
+        let (path, want) = (m.join(&format!("f{i}")), want.clone());
         jobs.push(Box::new(move || {
             assert!(read_all(&path) == want, "sequential f{i}")
         }));
@@ -70,8 +70,8 @@ fn concurrent_readers(transport: &[&str], endpoint: &str) {
     jobs.push(Box::new(move || {
         assert!(read_all(&p0) == w0, "second reader of f0")
     }));
-    for i in 0..3 {
-        let (path, want) = (m.join(&format!("f{i}")), files[i].clone());
+    for (i, want) in files.iter().enumerate() {
+        let (path, want) = (m.join(&format!("f{i}")), want.clone());
         jobs.push(Box::new(move || {
             let mut f = std::fs::File::open(&path).unwrap();
             let mut x = 77u64 + i as u64;
