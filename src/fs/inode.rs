@@ -41,6 +41,10 @@ pub struct InodeState {
     pub stat: Option<Stat>,
     /// When `stat` stops being trustworthy; `None` = must ask S3.
     pub valid_until: Option<Instant>,
+    /// When `stat` last came from a HeadObject (not a listing).
+    pub head_at: Option<Instant>,
+    /// The ETag of the last open: the version whose pages the kernel may hold.
+    pub opened_etag: Option<String>,
 }
 
 #[derive(Debug)]
@@ -77,9 +81,33 @@ impl Inode {
         st.stat.replace(stat)
     }
 
+    /// Record a stat that a HeadObject returned just now.
+    pub fn set_stat_from_head(&self, stat: Stat, valid_until: Instant, now: Instant) {
+        let mut st = self.lock();
+        st.valid_until = Some(valid_until);
+        st.head_at = Some(now);
+        st.stat = Some(stat);
+    }
+
+    /// The stat, if a HeadObject returned it within `window` of `now`.
+    pub fn recent_head(&self, now: Instant, window: std::time::Duration) -> Option<Stat> {
+        let st = self.lock();
+        match (&st.stat, st.head_at) {
+            (Some(s), Some(at)) if now.saturating_duration_since(at) <= window => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    /// Note that `etag` is being opened; returns the ETag of the previous open.
+    pub fn swap_opened_etag(&self, etag: &str) -> Option<String> {
+        self.lock().opened_etag.replace(etag.to_string())
+    }
+
     /// Forget the cached stat (the object is gone, or changed under us).
     pub fn invalidate(&self) {
-        self.lock().valid_until = None;
+        let mut st = self.lock();
+        st.valid_until = None;
+        st.head_at = None;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InodeState> {

@@ -43,6 +43,9 @@ pub struct FsConfig {
     pub direct_io: bool,
 }
 
+/// How old a HeadObject answer may be for `open` to use it instead of asking again.
+const OPEN_REVALIDATE_WINDOW: Duration = Duration::from_millis(100);
+
 /// Block size reported by `stat` and `statfs`.
 const BLOCK_SIZE: u32 = 4096;
 /// Keys under one prefix that we log as hidden, at most once each.
@@ -233,7 +236,7 @@ impl S3Fs {
             Ok(info) => {
                 let child = self.inodes.upsert_child(parent, name, Kind::File, key);
                 let stat = Stat::from(&info);
-                child.set_stat(stat.clone(), self.ttl_from(now));
+                child.set_stat_from_head(stat.clone(), self.ttl_from(now), now);
                 Ok(self.attr(&child, &stat))
             }
             Err(e) if e.kind == S3ErrorKind::NotFound => {
@@ -264,7 +267,7 @@ impl S3Fs {
             Kind::File => match self.rt.block_on(self.s3.head(&inode.key)) {
                 Ok(info) => {
                     let stat = Stat::from(&info);
-                    inode.set_stat(stat.clone(), self.ttl_from(now));
+                    inode.set_stat_from_head(stat.clone(), self.ttl_from(now), now);
                     Ok(self.attr(&inode, &stat))
                 }
                 Err(e) => {
@@ -283,23 +286,35 @@ impl S3Fs {
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             return Err(Errno::EROFS);
         }
-        // Close-to-open: every open asks S3 for the current version and pins its ETag.
-        let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
-            inode.invalidate();
-            self.fail("open", &e)
-        })?;
-        let stat = Stat::from(&info);
-        let old = inode.set_stat(stat.clone(), self.ttl_from(Instant::now()));
-        let changed = old.as_ref().is_some_and(|o| o.etag != stat.etag);
+        // Close-to-open: every open asks S3 for the current version and pins its ETag. The
+        // kernel's lookup right before this open may already have asked: an answer younger
+        // than OPEN_REVALIDATE_WINDOW is that same question.
+        let now = Instant::now();
+        let stat = match inode.recent_head(now, OPEN_REVALIDATE_WINDOW) {
+            Some(stat) => stat,
+            None => {
+                let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
+                    inode.invalidate();
+                    self.fail("open", &e)
+                })?;
+                let stat = Stat::from(&info);
+                inode.set_stat_from_head(stat.clone(), self.ttl_from(now), now);
+                stat
+            }
+        };
+        let previous = inode.swap_opened_etag(&stat.etag);
+        let changed = previous.as_ref().is_some_and(|e| *e != stat.etag);
         if changed {
-            // The kernel may hold the old size and pages: drop both before the first read.
+            // The kernel may hold the old version's size and pages: drop both before the
+            // first read.
             if let Some(n) = self.notifier.get() {
                 if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
                     debug!(ino, error = %e, "inval_inode failed");
                 }
             }
         }
-        let keep_cache = old.is_some() && !changed;
+        // Keep the kernel's pages only if they are of this very version.
+        let keep_cache = previous.is_some() && !changed;
         let reader = ObjectReader::new(
             self.cache.clone(),
             self.s3.clone(),

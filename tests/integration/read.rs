@@ -176,3 +176,32 @@ fn writes_are_refused_with_erofs() {
     erofs(std::fs::rename(m.join("f"), m.join("g")));
     assert_eq!(std::fs::read(m.join("f")).unwrap(), b"x");
 }
+
+// [S-OPEN-FRESH]
+#[test]
+fn kernel_pages_of_an_old_version_are_dropped_even_after_a_listing() {
+    let b = bucket("pages");
+    let (v1, v2) = (pattern(1 << 20, 80), pattern(1 << 20, 81));
+    put(&b, "d/f", v1.clone());
+    let m = Mount::new(&b, &["--metadata-ttl", "100ms"]);
+    assert!(
+        std::fs::read(m.join("d/f")).unwrap() == v1,
+        "v1 (now in the kernel page cache)"
+    );
+    put(&b, "d/f", v2.clone());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The listing learns the new ETag before any open does.
+    let _ = std::fs::read_dir(m.join("d")).unwrap().count();
+    assert!(
+        std::fs::read(m.join("d/f")).unwrap() == v2,
+        "same size, new bytes: no stale pages"
+    );
+    // Unchanged since the last open: the kernel keeps its pages (no GET).
+    let gets = m.count_requests("GetObject");
+    assert!(std::fs::read(m.join("d/f")).unwrap() == v2);
+    assert_eq!(
+        m.count_requests("GetObject"),
+        gets,
+        "warm re-read from the kernel page cache"
+    );
+}
