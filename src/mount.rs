@@ -135,15 +135,28 @@ pub fn run(settings: Settings) -> ! {
         mountpoint = %mountpoint.display(),
         "mounted"
     );
+    if let Some(path) = settings.stats_file.clone() {
+        let (stats, cache) = (stats.clone(), cache.clone());
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                write_stats(
+                    &path,
+                    &format!("{} {}", stats.summary(), cache.stats.summary()),
+                );
+            }
+        });
+    }
     readiness.ready();
     let result = session.run();
     match result {
         Ok(()) => {
-            info!(
-                mountpoint = %mountpoint.display(),
-                stats = %format_args!("{} {}", stats.summary(), cache.stats.summary()),
-                "unmounted"
-            );
+            let summary = format!("{} {}", stats.summary(), cache.stats.summary());
+            if let Some(path) = &settings.stats_file {
+                write_stats(path, &summary);
+            }
+            info!(mountpoint = %mountpoint.display(), stats = %summary, "unmounted");
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             std::process::exit(0)
         }
@@ -151,6 +164,19 @@ pub fn run(settings: Settings) -> ! {
             error!(error = %e, "FUSE session ended with an error");
             std::process::exit(1)
         }
+    }
+}
+
+/// Replace `path` (atomically, by rename) with the counters, one `name value` per line.
+fn write_stats(path: &std::path::Path, summary: &str) {
+    let text: String = summary
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| format!("{k} {v}\n"))
+        .collect();
+    let tmp = path.with_extension("tmp");
+    if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
+        tracing::debug!(path = %path.display(), error = %e, "cannot write the stats file");
     }
 }
 

@@ -198,6 +198,11 @@ pub struct Cli {
     #[arg(long, value_name = "PATH", help_heading = "Logging")]
     pub log_file: Option<PathBuf>,
 
+    /// Rewrite this file every second with the live counters (cache hits/misses, read-ahead,
+    /// bytes over RDMA and HTTP, declines, fallbacks), one `name value` per line
+    #[arg(long, value_name = "PATH", help_heading = "Logging")]
+    pub stats_file: Option<PathBuf>,
+
     /// Kernel mount flags from -o (exec/noexec, dev/nodev, suid/nosuid, ...).
     #[arg(skip)]
     pub kernel_flags: Vec<MountOption>,
@@ -299,6 +304,7 @@ impl Cli {
             "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
             "log_level" => self.log_level = Some(need(value)?),
             "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
+            "stats_file" => self.stats_file = Some(PathBuf::from(need(value)?)),
             "exec" => self.kernel_flags.push(MountOption::Exec),
             "noexec" => self.kernel_flags.push(MountOption::NoExec),
             "dev" => self.kernel_flags.push(MountOption::Dev),
@@ -363,6 +369,7 @@ pub struct Settings {
     pub max_threads: usize,
     pub log_level: String,
     pub log_file: Option<PathBuf>,
+    pub stats_file: Option<PathBuf>,
     pub kernel_flags: Vec<MountOption>,
     pub cache_size: u64,
     pub max_inflight_reads: usize,
@@ -499,6 +506,7 @@ impl Settings {
             max_threads,
             log_level: cli.log_level.unwrap_or_else(|| "info".into()),
             log_file: cli.log_file,
+            stats_file: cli.stats_file,
             kernel_flags: cli.kernel_flags,
             cache_size,
             max_inflight_reads: cli.max_inflight_reads.unwrap_or(32).max(1),

@@ -218,3 +218,45 @@ fn daemon_memory_stays_within_the_cache_size() {
     );
     assert!(peak < bound, "peak RSS {peak} KiB exceeds {bound} KiB");
 }
+
+// [S-CACHE-STATS]
+#[test]
+fn the_stats_file_shows_live_counters() {
+    let b = bucket("cache-stats");
+    let data = pattern(10 << 20, 90);
+    put(&b, "f", data.clone());
+    let stats = mountpoint().with_extension("stats");
+    let stats_arg = stats.to_string_lossy().to_string();
+    let m = Mount::new(
+        &b,
+        &[
+            "--rdma",
+            "off",
+            "--read-part-size",
+            "1MiB",
+            "--stats-file",
+            &stats_arg,
+        ],
+    );
+    assert!(read_all(&m.join("f")) == data);
+    let read = |name: &str| -> u64 {
+        let text = std::fs::read_to_string(&stats).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    // Rewritten every second while mounted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read("http_bytes_read") < data.len() as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(read("http_bytes_read"), data.len() as u64);
+    assert_eq!(read("rdma_bytes_read"), 0);
+    assert!(
+        read("cache_misses") + read("prefetches") >= 10,
+        "{}",
+        std::fs::read_to_string(&stats).unwrap_or_default()
+    );
+    drop(m);
+}
