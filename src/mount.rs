@@ -39,12 +39,13 @@ pub fn run(settings: Settings) -> ! {
         Err(e) => readiness.fail(&format!("cannot start the I/O runtime: {e}")),
     };
 
-    if let Err(msg) =
-        crate::rdma::resolve_mode(settings.s3.rdma, settings.s3.endpoint_url.as_deref())
-    {
-        readiness.fail(&msg);
+    // Resolve rdma= once (auto may become off); the client then runs with what was resolved.
+    let mut s3_opts = settings.s3.clone();
+    match crate::rdma::resolve_mode(s3_opts.rdma, s3_opts.endpoint_url.as_deref()) {
+        Ok(mode) => s3_opts.rdma = mode,
+        Err(msg) => readiness.fail(&msg),
     }
-    let s3 = rt.block_on(S3Client::new(&settings.s3));
+    let s3 = rt.block_on(S3Client::new(&s3_opts));
     let stats = s3.stats().clone();
     if let Err(msg) = rt.block_on(startup::check_bucket(&s3, &settings.prefix)) {
         readiness.fail(&msg);
