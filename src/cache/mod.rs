@@ -49,10 +49,15 @@ struct Inner {
     slots: Vec<Slot>,
     map: HashMap<BlockKey, usize>,
     free: Vec<usize>,
-    /// Evictable slots (ready, no reader), oldest first.
+    /// Evictable slots (ready, no reader), first to go first: blocks a sequential reader has
+    /// left behind (ticks below WARM), then the least recently used.
     lru: BTreeMap<u64, usize>,
     clock: u64,
+    cold_clock: u64,
 }
+
+/// LRU ticks of recently used blocks start here; demoted (left-behind) blocks sort below.
+const WARM: u64 = 1 << 62;
 
 /// Counters, readable by the user (logged at unmount).
 #[derive(Debug, Default)]
@@ -160,7 +165,8 @@ impl Cache {
                 map: HashMap::new(),
                 free: (0..blocks).rev().collect(),
                 lru: BTreeMap::new(),
-                clock: 0,
+                clock: WARM,
+                cold_clock: 0,
             }),
             arena,
             filled: Notify::new(),
@@ -307,6 +313,22 @@ impl Cache {
             }
         };
         result.map_err(crate::read::pinned_gone)
+    }
+
+    /// A sequential reader has moved past this block: evict it before any other idle block, so
+    /// that a scan does not push out blocks that are read again (drop-behind).
+    pub fn demote(&self, key: &BlockKey) {
+        let mut inner = self.lock();
+        let Some(&i) = inner.map.get(key) else { return };
+        let Some(t) = inner.slots[i].tick else { return };
+        if t < WARM {
+            return;
+        }
+        inner.lru.remove(&t);
+        inner.cold_clock += 1;
+        let cold = inner.cold_clock;
+        inner.slots[i].tick = Some(cold);
+        inner.lru.insert(cold, i);
     }
 
     fn release(&self, slot: usize) {

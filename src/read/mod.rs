@@ -131,6 +131,11 @@ impl ObjectReader {
             }
             seq
         };
+        if sequential && first >= 2 {
+            // Two blocks behind a sequential reader: done with (one is kept for small
+            // backward seeks).
+            self.cache.demote(&self.block_key(first - 2));
+        }
         if !sequential
             && self.size > bs
             && first == last

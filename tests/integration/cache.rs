@@ -260,3 +260,37 @@ fn the_stats_file_shows_live_counters() {
     );
     drop(m);
 }
+
+// [S-CACHE-SCAN]
+#[test]
+fn a_sequential_scan_does_not_evict_blocks_that_are_read_again() {
+    let b = bucket("cache-scan");
+    let hot = pattern(1 << 20, 91);
+    let scan = pattern(24 << 20, 92);
+    put(&b, "hot", hot.clone());
+    put(&b, "scan", scan.clone());
+    // Eight 1 MiB blocks; direct I/O so that every read reaches the daemon's cache.
+    let m = Mount::new(
+        &b,
+        &[
+            "--cache-size",
+            "8MiB",
+            "--read-part-size",
+            "1MiB",
+            "--max-prefetch",
+            "2MiB",
+            "--direct-io",
+        ],
+    );
+    assert!(read_all(&m.join("hot")) == hot);
+    assert!(read_all(&m.join("scan")) == scan);
+    assert!(read_all(&m.join("hot")) == hot);
+    let hot_gets = m
+        .log_text()
+        .lines()
+        .filter(|l| {
+            l.contains("s3 request") && l.contains("op=\"GetObject\"") && l.contains("key=\"hot\"")
+        })
+        .count();
+    assert_eq!(hot_gets, 1, "the hot block survived the scan (drop-behind)");
+}
