@@ -757,7 +757,7 @@ pub struct RdmaWindow<'a> {
 impl<'a> RdmaWindow<'a> {
     /// The whole of a registered buffer.
     pub fn of_buffer(buf: &'a mut RegisteredBuffer) -> Self {
-        // SAFETY: a RegisteredBuffer's slice is exactly its registration.
+        // A RegisteredBuffer's slice is exactly its registration.
         let (reg, slice) = buf.split_for_write();
         RdmaWindow {
             reg,
