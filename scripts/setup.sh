@@ -23,7 +23,7 @@ command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 command -v c++ >/dev/null || need_apt+=(g++)
 command -v fio >/dev/null || need_apt+=(fio)
 # bindgen (cuobj-ffi) needs libclang.
-ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/*/libclang-*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev)
+dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 if [ ${#need_apt[@]} -gt 0 ]; then
