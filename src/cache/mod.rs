@@ -228,7 +228,11 @@ impl Cache {
                         State::Filling => {
                             filled.as_mut().enable();
                         }
-                        State::Free => unreachable!("a mapped slot is never free"),
+                        State::Free => {
+                            // Never happens (freeing a slot unmaps it); heal rather than panic.
+                            inner.map.remove(key);
+                            continue;
+                        }
                     }
                 } else if let Some(i) = inner.take_slot(&self.stats) {
                     let s = &mut inner.slots[i];
