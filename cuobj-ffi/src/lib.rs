@@ -331,6 +331,29 @@ impl fmt::Debug for OwnedToken {
     }
 }
 
+/// Map `len` zeroed, page-aligned bytes of anonymous private memory (unmap with `munmap`):
+/// the memory that registrations are made of.
+pub fn map_anonymous(len: usize) -> Result<NonNull<u8>, Error> {
+    // SAFETY: anonymous private mapping; checked for MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error(format!(
+            "mmap of {len} bytes failed: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| Error("mmap returned NULL".into()))
+}
+
 /// Page-aligned anonymous memory, registered with cuObject; unmapped after deregistration.
 /// Drop it only when no transfer into it is in flight.
 pub struct RegisteredBuffer {
@@ -351,24 +374,8 @@ impl RegisteredBuffer {
         if len == 0 {
             return Err(Error("cannot register an empty buffer".into()));
         }
-        // SAFETY: anonymous private mapping; checked for MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error(format!(
-                "mmap of {len} bytes failed: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| Error("mmap returned NULL".into()))?;
+        let ptr = map_anonymous(len)?;
+        let p = ptr.as_ptr().cast::<libc::c_void>();
         // SAFETY: the mapping lives until Drop, after the registration is dropped.
         match unsafe { client.register(ptr.as_ptr(), len) } {
             Ok(reg) => Ok(RegisteredBuffer {

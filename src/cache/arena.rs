@@ -39,24 +39,9 @@ impl Arena {
         let len = block_size
             .checked_mul(blocks)
             .ok_or_else(|| "cache size overflows".to_string())?;
-        // SAFETY: anonymous private mapping, checked for MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
-                "cannot map a {len}-byte cache: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or("mmap returned NULL")?;
+        let base =
+            cuobj_ffi::map_anonymous(len).map_err(|e| format!("cannot map the cache: {e}"))?;
+        let p = base.as_ptr().cast::<libc::c_void>();
         // SAFETY: locking our own mapping.
         let pinned = unsafe { libc::mlock(p, len) } == 0;
         let mut arena = Arena {

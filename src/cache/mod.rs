@@ -181,10 +181,6 @@ impl Cache {
         self.arena.block_size()
     }
 
-    pub fn blocks(&self) -> usize {
-        self.arena.blocks()
-    }
-
     /// Whether the block is cached (ready or being filled).
     pub fn contains(&self, key: &BlockKey) -> bool {
         self.lock().map.contains_key(key)

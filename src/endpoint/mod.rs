@@ -17,6 +17,32 @@
 
 mod forward;
 
+/// An RDMA-aware PUT-like handler: pull the payload from the client's memory (or pass the
+/// request through unchanged), forward it with the bytes as the body, answer with the RDMA
+/// reply headers.
+macro_rules! rdma_upload_handler {
+    ($name:ident, $op:ident, $input:ident, $output:ident) => {
+        async fn $name(
+            &self,
+            mut req: S3Request<s3s::dto::$input>,
+        ) -> S3Result<S3Response<s3s::dto::$output>> {
+            let crc = req.input.checksum_crc64nvme.clone();
+            let pulled = self
+                .pull_payload(&mut req.headers, req.input.content_length, crc.as_deref())
+                .await?;
+            let Some(data) = pulled else {
+                return s3s::S3::$op(&self.proxy, req).await;
+            };
+            let n = data.len() as u64;
+            req.input.content_length = Some(n as i64);
+            req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+            let mut resp = s3s::S3::$op(&self.proxy, req).await?;
+            resp.headers.extend(rdma_headers(200, Some(n)));
+            Ok(resp)
+        }
+    };
+}
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -336,12 +362,12 @@ impl Endpoint {
 
     /// For PUT and UploadPart: the bytes to store, moved from the client's memory and checked
     /// against the checksum the client signed. `None`: pass the request through unchanged.
-    fn pull_payload(
+    async fn pull_payload(
         &self,
         headers: &mut HeaderMap,
         content_length: Option<i64>,
         crc64nvme: Option<&str>,
-    ) -> S3Result<Option<(Vec<u8>, Fault)>> {
+    ) -> S3Result<Option<Vec<u8>>> {
         let Some(tok) = Self::token(headers)? else {
             self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
@@ -387,50 +413,20 @@ impl Endpoint {
         self.stats
             .bytes_read_from_clients
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(Some((data, fault)))
-    }
-
-    async fn put_object_rdma(
-        &self,
-        mut req: S3Request<s3s::dto::PutObjectInput>,
-    ) -> S3Result<S3Response<s3s::dto::PutObjectOutput>> {
-        let crc = req.input.checksum_crc64nvme.clone();
-        let Some((data, fault)) =
-            self.pull_payload(&mut req.headers, req.input.content_length, crc.as_deref())?
-        else {
-            return s3s::S3::put_object(&self.proxy, req).await;
-        };
         if let Fault::Delay(ms) = fault {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        let n = data.len() as u64;
-        req.input.content_length = Some(n as i64);
-        req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
-        let mut resp = s3s::S3::put_object(&self.proxy, req).await?;
-        resp.headers.extend(rdma_headers(200, Some(n)));
-        Ok(resp)
+        Ok(Some(data))
     }
 
-    async fn upload_part_rdma(
-        &self,
-        mut req: S3Request<s3s::dto::UploadPartInput>,
-    ) -> S3Result<S3Response<s3s::dto::UploadPartOutput>> {
-        let crc = req.input.checksum_crc64nvme.clone();
-        let Some((data, fault)) =
-            self.pull_payload(&mut req.headers, req.input.content_length, crc.as_deref())?
-        else {
-            return s3s::S3::upload_part(&self.proxy, req).await;
-        };
-        if let Fault::Delay(ms) = fault {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
-        let n = data.len() as u64;
-        req.input.content_length = Some(n as i64);
-        req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
-        let mut resp = s3s::S3::upload_part(&self.proxy, req).await?;
-        resp.headers.extend(rdma_headers(200, Some(n)));
-        Ok(resp)
-    }
+    // PutObject and UploadPart: the same payload move, for two input types.
+    rdma_upload_handler!(put_object_rdma, put_object, PutObjectInput, PutObjectOutput);
+    rdma_upload_handler!(
+        upload_part_rdma,
+        upload_part,
+        UploadPartInput,
+        UploadPartOutput
+    );
 }
 
 #[cfg(test)]

@@ -32,6 +32,8 @@ struct State {
     window: u64,
     /// Read-ahead has been started for blocks below this one.
     prefetched_to: u64,
+    /// The first block of the previous read (drop-behind runs when the reader leaves a block).
+    last_block: u64,
 }
 
 /// What a read returns: a slice of a cache block (held while the reply is sent), or bytes of
@@ -110,7 +112,7 @@ impl ObjectReader {
         }
         let bs = self.cache.block_size() as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
-        let sequential = {
+        let (sequential, entered_block) = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             // Forward within one block of where we expected counts as sequential: the kernel's
             // read-ahead issues requests slightly out of order.
@@ -129,9 +131,11 @@ impl ObjectReader {
                 st.window = 0;
                 st.prefetched_to = 0;
             }
-            seq
+            let entered = first != st.last_block;
+            st.last_block = first;
+            (seq, entered)
         };
-        if sequential && first >= 2 {
+        if sequential && entered_block && first >= 2 {
             // Two blocks behind a sequential reader: done with (one is kept for small
             // backward seeks).
             self.cache.demote(&self.block_key(first - 2));
