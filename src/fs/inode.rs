@@ -41,8 +41,9 @@ pub struct InodeState {
     pub stat: Option<Stat>,
     /// When `stat` stops being trustworthy; `None` = must ask S3.
     pub valid_until: Option<Instant>,
-    /// When `stat` last came from a HeadObject (not a listing).
-    pub head_at: Option<Instant>,
+    /// When `stat` last came from asking S3 about this very key (a lookup or a HeadObject, not
+    /// a directory listing).
+    pub asked_at: Option<Instant>,
     /// The ETag of the last open: the version whose pages the kernel may hold.
     pub opened_etag: Option<String>,
 }
@@ -81,18 +82,18 @@ impl Inode {
         st.stat.replace(stat)
     }
 
-    /// Record a stat that a HeadObject returned just now.
-    pub fn set_stat_from_head(&self, stat: Stat, valid_until: Instant, now: Instant) {
+    /// Record a stat that S3 returned just now for this key.
+    pub fn set_stat_asked(&self, stat: Stat, valid_until: Instant, now: Instant) {
         let mut st = self.lock();
         st.valid_until = Some(valid_until);
-        st.head_at = Some(now);
+        st.asked_at = Some(now);
         st.stat = Some(stat);
     }
 
-    /// The stat, if a HeadObject returned it within `window` of `now`.
-    pub fn recent_head(&self, now: Instant, window: std::time::Duration) -> Option<Stat> {
+    /// The stat, if S3 was asked about this key within `window` of `now`.
+    pub fn recently_asked(&self, now: Instant, window: std::time::Duration) -> Option<Stat> {
         let st = self.lock();
-        match (&st.stat, st.head_at) {
+        match (&st.stat, st.asked_at) {
             (Some(s), Some(at)) if now.saturating_duration_since(at) <= window => Some(s.clone()),
             _ => None,
         }
@@ -107,7 +108,7 @@ impl Inode {
     pub fn invalidate(&self) {
         let mut st = self.lock();
         st.valid_until = None;
-        st.head_at = None;
+        st.asked_at = None;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InodeState> {

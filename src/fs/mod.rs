@@ -6,10 +6,11 @@
 pub mod dir;
 pub mod inode;
 pub mod names;
+pub mod probe;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,6 +27,7 @@ use crate::read::{ObjectReader, ReadConfig, ReadData};
 use crate::s3::{S3Client, S3Error, S3ErrorKind};
 use dir::{DirBuilder, Listed};
 use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
+use probe::Probe;
 
 /// Filesystem-level settings from the command line.
 #[derive(Clone, Debug)]
@@ -43,7 +45,8 @@ pub struct FsConfig {
     pub direct_io: bool,
 }
 
-/// How old a HeadObject answer may be for `open` to use it instead of asking again.
+/// How old an answer about the key (lookup or HeadObject) may be for `open` to use it instead
+/// of asking again.
 const OPEN_REVALIDATE_WINDOW: Duration = Duration::from_millis(100);
 
 /// Block size reported by `stat` and `statfs`.
@@ -76,6 +79,8 @@ pub struct S3Fs {
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     next_fh: AtomicU64,
+    /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
+    exact_probes: AtomicBool,
     notifier: Arc<OnceLock<Notifier>>,
     mount_time: SystemTime,
 }
@@ -113,6 +118,7 @@ impl S3Fs {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            exact_probes: AtomicBool::new(false),
             notifier,
             mount_time: SystemTime::now(),
             cfg,
@@ -210,19 +216,11 @@ impl S3Fs {
             return Err(Errno::ENOENT);
         }
         let dir_prefix = names::dir_prefix_of(&key);
-        let (head, list) = self.rt.block_on(async {
-            tokio::join!(
-                self.s3.head(&key),
-                self.s3.list_page(&dir_prefix, Some("/"), None, 1)
-            )
-        });
+        let probe = self.rt.block_on(self.probe(&key, &dir_prefix));
+        let probe = probe.map_err(|e| self.fail("lookup", &e))?;
         // A directory wins over a file of the same name.
-        let is_dir = match list {
-            Ok(page) => !page.objects.is_empty() || !page.prefixes.is_empty(),
-            Err(e) => return Err(self.fail("lookup", &e)),
-        };
-        if is_dir {
-            if head.is_ok() {
+        if probe.dir {
+            if probe.file.is_some() {
                 self.log_hidden(&key, "a directory of the same name exists");
             }
             let child = self
@@ -232,22 +230,57 @@ impl S3Fs {
             child.set_stat(stat.clone(), self.ttl_from(now));
             return Ok(self.attr(&child, &stat));
         }
-        match head {
-            Ok(info) => {
+        match probe.file {
+            Some(info) => {
                 let child = self.inodes.upsert_child(parent, name, Kind::File, key);
                 let stat = Stat::from(&info);
-                child.set_stat_from_head(stat.clone(), self.ttl_from(now), now);
+                child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
                 Ok(self.attr(&child, &stat))
             }
-            Err(e) if e.kind == S3ErrorKind::NotFound => {
+            None => {
                 if let Some(child) = self.inodes.child(parent, name) {
                     child.invalidate();
                 }
                 self.remember_missing(key);
                 Err(Errno::ENOENT)
             }
-            Err(e) => Err(self.fail("lookup", &e)),
         }
+    }
+
+    /// Ask S3 what `key` is: one listing of the name, or (when that cannot be sure, or the
+    /// server refuses such a listing) HeadObject and a listing of `key/`, concurrently.
+    async fn probe(&self, key: &str, dir_prefix: &str) -> Result<Probe, S3Error> {
+        if !self.exact_probes.load(Ordering::Relaxed) {
+            match self
+                .s3
+                .list_page(key, Some("/"), None, probe::PROBE_MAX_KEYS)
+                .await
+            {
+                Ok(page) => {
+                    if let Some(p) = probe::resolve(page, key, dir_prefix) {
+                        return Ok(p);
+                    }
+                }
+                Err(e) if e.status == Some(400) => {
+                    warn!(key, error = %e, "the server refuses a listing prefix that is not a directory; lookups use HeadObject + ListObjectsV2 from now on");
+                    self.exact_probes.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (head, list) = tokio::join!(
+            self.s3.head(key),
+            self.s3.list_page(dir_prefix, Some("/"), None, 1)
+        );
+        let list = list?;
+        let dir = !list.objects.is_empty() || !list.prefixes.is_empty();
+        let file = match head {
+            Ok(info) => Some(info),
+            // A directory's answer does not depend on the file's.
+            Err(e) if dir || e.kind == S3ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        Ok(Probe { file, dir })
     }
 
     fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
@@ -267,7 +300,7 @@ impl S3Fs {
             Kind::File => match self.rt.block_on(self.s3.head(&inode.key)) {
                 Ok(info) => {
                     let stat = Stat::from(&info);
-                    inode.set_stat_from_head(stat.clone(), self.ttl_from(now), now);
+                    inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
                     Ok(self.attr(&inode, &stat))
                 }
                 Err(e) => {
@@ -288,9 +321,9 @@ impl S3Fs {
         }
         // Close-to-open: every open asks S3 for the current version and pins its ETag. The
         // kernel's lookup right before this open may already have asked: an answer younger
-        // than OPEN_REVALIDATE_WINDOW is that same question.
+        // than OPEN_REVALIDATE_WINDOW is that same question (a listing is not: it may be old).
         let now = Instant::now();
-        let stat = match inode.recent_head(now, OPEN_REVALIDATE_WINDOW) {
+        let stat = match inode.recently_asked(now, OPEN_REVALIDATE_WINDOW) {
             Some(stat) => stat,
             None => {
                 let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
@@ -298,7 +331,7 @@ impl S3Fs {
                     self.fail("open", &e)
                 })?;
                 let stat = Stat::from(&info);
-                inode.set_stat_from_head(stat.clone(), self.ttl_from(now), now);
+                inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
                 stat
             }
         };

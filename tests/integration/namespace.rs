@@ -221,9 +221,53 @@ fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     let lists = m.count_requests("ListObjectsV2");
     let heads = m.count_requests("HeadObject");
     eprintln!("ls -l of 10,000 entries: {secs:.2} s, {lists} ListObjectsV2, {heads} HeadObject");
-    // 10 pages of 1000, plus the lookup of "big" itself (HEAD + 1-key LIST).
+    // 10 pages of 1000, plus the start-up check and the lookup of "big" itself (one LIST).
     assert!(lists <= 12, "{lists} ListObjectsV2 calls");
-    assert!(heads <= 1, "{heads} HeadObject calls");
+    assert_eq!(heads, 0, "{heads} HeadObject calls");
+}
+
+// [S-NS-LOOKUP-ONE]
+#[test]
+fn a_lookup_is_one_listing_unless_many_names_share_its_spelling() {
+    let b = bucket("probe");
+    put(&b, "d/a", b"file a".to_vec());
+    put(&b, "d/a.bak", b"sibling".to_vec());
+    put(&b, "d/both", b"hidden by the directory".to_vec());
+    put(&b, "d/both/x", b"x".to_vec());
+    put(&b, "d/sub.x", b"sibling of a directory".to_vec());
+    put(&b, "d/sub/inner", b"in".to_vec());
+    // 150 names that start with "many": one 100-key probe page cannot tell whether a directory
+    // "many/" exists after them, so the lookup asks HEAD + LIST instead.
+    put(&b, "d/many", b"the file".to_vec());
+    let siblings: Vec<String> = (0..150).map(|i| format!("d/many.{i:03}")).collect();
+    put_many(&b, siblings, b"s");
+    let m = Mount::new(&b, &["--metadata-ttl", "30s"]);
+    let before = (
+        m.count_requests("ListObjectsV2"),
+        m.count_requests("HeadObject"),
+    );
+    let meta = std::fs::metadata(m.join("d/a")).unwrap();
+    assert!(meta.is_file());
+    assert_eq!(meta.len(), 6);
+    // "d" and "d/a": one listing each, no HeadObject.
+    let after = (
+        m.count_requests("ListObjectsV2"),
+        m.count_requests("HeadObject"),
+    );
+    assert_eq!(after.0 - before.0, 2, "ListObjectsV2 calls");
+    assert_eq!(after.1, before.1, "HeadObject calls");
+    assert!(std::fs::metadata(m.join("d/both")).unwrap().is_dir());
+    let e = std::fs::metadata(m.join("d/nothing")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+    assert!(std::fs::metadata(m.join("d/sub")).unwrap().is_dir());
+    assert_eq!(std::fs::read(m.join("d/sub/inner")).unwrap(), b"in");
+    let heads = m.count_requests("HeadObject");
+    assert_eq!(std::fs::read(m.join("d/many")).unwrap(), b"the file");
+    assert!(
+        m.count_requests("HeadObject") > heads,
+        "a truncated probe falls back to HeadObject"
+    );
+    assert_eq!(std::fs::read(m.join("d/a.bak")).unwrap(), b"sibling");
 }
 
 // [S-NS-PREFIX]
