@@ -2,12 +2,28 @@
 //!
 //! The ETag in the key is what keeps a file from mixing versions: blocks of a replaced object
 //! are never found under the new ETag. A block being filled belongs to its filler alone; a
-//! ready block may have many readers; only a ready block with no reader is evicted (least
-//! recently used first). Concurrent readers of one missing block wait on one fetch. When every
-//! block is busy, a reader waits until one is released (a reader holds one block at a time, so
-//! this always ends), and read-ahead simply skips.
+//! ready block may have many readers; only a ready block with no reader is evicted. Concurrent
+//! readers of one missing block wait on one fetch. When every block is busy, a reader waits
+//! until one is released (a reader holds one block at a time, so this always ends), and
+//! read-ahead simply skips.
+//!
+//! Eviction (measured against moka's TinyLFU in `sim.rs`): idle blocks sit in three regions,
+//! evicted in this order:
+//! 1. *probation*, oldest first: blocks that were not admitted — when they were fetched into
+//!    a full cache, the frequency sketch rated them no more popular than the block they
+//!    displaced — once their reader is done with them (a sequential reader two blocks past
+//!    them or at end of file, a random read served);
+//! 2. *behind*, oldest first: admitted blocks a sequential reader has left two blocks behind;
+//! 3. *in use*, least recently used first: every other idle block (blocks a sequential
+//!    reader is in or will reach, whole small files, blocks of random reads).
+//!
+//! So a scan does not push out a hot set, and a dataset larger than the cache read epoch after
+//! epoch keeps part of itself cached instead of none (plain LRU evicts every block before it is
+//! read again).
 
 pub mod arena;
+mod sim;
+mod sketch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,12 +33,27 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::s3::{RdmaMode, RdmaWindow, S3Client, S3Error, S3ErrorKind};
 use arena::Arena;
+use sketch::Sketch;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BlockKey {
     pub key: Arc<str>,
     pub etag: Arc<str>,
     pub index: u64,
+}
+
+/// How a reader comes to a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// A sequential reader enters the block: one use of it. The block stays "in use" until the
+    /// reader demotes it ([`Cache::demote`]).
+    Enter,
+    /// A sequential reader reads more of the block it is in: not another use.
+    Continue,
+    /// A read that is done with the block once it is served (a random read): one use.
+    Once,
+    /// Read-ahead: never waits for room, and counts as the use to come.
+    Prefetch,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,10 +69,17 @@ struct Slot {
     refs: u32,
     key: Option<BlockKey>,
     len: usize,
-    /// Position in the LRU list while evictable.
+    /// Position in the eviction order while evictable.
     tick: Option<u64>,
     /// Filled by read-ahead and not read yet.
     unread_prefetch: bool,
+    /// Not admitted: goes to probation once its reader is done with it.
+    probation: bool,
+    /// A sequential reader left it behind: on release it goes behind (or to probation).
+    behind: bool,
+    /// Its reader is done with it (end of file, a random read): on release it goes to
+    /// probation if it was not admitted.
+    done: bool,
 }
 
 #[derive(Debug)]
@@ -49,15 +87,33 @@ struct Inner {
     slots: Vec<Slot>,
     map: HashMap<BlockKey, usize>,
     free: Vec<usize>,
-    /// Evictable slots (ready, no reader), first to go first: blocks a sequential reader has
-    /// left behind (ticks below WARM), then the least recently used.
+    /// Evictable slots (ready, no reader), first to go first: probation (ticks below BEHIND),
+    /// behind (below IN_USE), then in use, least recently used first.
     lru: BTreeMap<u64, usize>,
+    probation_clock: u64,
+    behind_clock: u64,
     clock: u64,
-    cold_clock: u64,
+    /// How often blocks were used lately, including blocks no longer cached.
+    sketch: Sketch,
 }
 
-/// LRU ticks of recently used blocks start here; demoted (left-behind) blocks sort below.
-const WARM: u64 = 1 << 62;
+/// Ticks of the eviction order: probation from 0, behind from here, in use from IN_USE.
+const BEHIND: u64 = 1 << 61;
+const IN_USE: u64 = 1 << 62;
+
+/// What a reader found.
+enum Claim {
+    /// Ready, and now held.
+    Hit(usize),
+    /// Being filled by another reader.
+    Wait,
+    /// Reserved for this reader to fill.
+    Fill(usize),
+    /// Every block is busy.
+    Full,
+    /// Read-ahead of a block that is already there or coming.
+    Present,
+}
 
 /// Counters, readable by the user (logged at unmount).
 #[derive(Debug, Default)]
@@ -68,6 +124,9 @@ pub struct CacheStats {
     /// Prefetched blocks evicted without ever being read.
     pub prefetch_waste: AtomicU64,
     pub evictions: AtomicU64,
+    /// Blocks fetched into a full cache but rated no more popular than the block they
+    /// displaced: first to be evicted once read.
+    pub not_admitted: AtomicU64,
     /// Times a reader waited for a block to be released (arena full).
     pub waits: AtomicU64,
     /// Read-ahead skipped because the arena was full.
@@ -78,12 +137,13 @@ impl CacheStats {
     pub fn summary(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "cache_hits={} cache_misses={} prefetches={} prefetch_waste={} evictions={} cache_waits={} prefetch_skipped={}",
+            "cache_hits={} cache_misses={} prefetches={} prefetch_waste={} evictions={} not_admitted={} cache_waits={} prefetch_skipped={}",
             g(&self.hits),
             g(&self.misses),
             g(&self.prefetches),
             g(&self.prefetch_waste),
             g(&self.evictions),
+            g(&self.not_admitted),
             g(&self.waits),
             g(&self.prefetch_skipped)
         )
@@ -108,6 +168,8 @@ pub struct BlockRef {
     cache: Arc<Cache>,
     slot: usize,
     len: usize,
+    /// Release it as done with ([`Access::Once`]).
+    once: bool,
 }
 
 impl BlockRef {
@@ -119,7 +181,7 @@ impl BlockRef {
 
 impl Drop for BlockRef {
     fn drop(&mut self) {
-        self.cache.release(self.slot);
+        self.cache.release(self.slot, self.once);
     }
 }
 
@@ -149,25 +211,8 @@ impl Cache {
         if rdma && !arena.registered() && s3.rdma_mode() == RdmaMode::Required {
             return Err("cannot register the cache with cuObject and rdma=required".into());
         }
-        let slots = (0..blocks)
-            .map(|_| Slot {
-                state: State::Free,
-                refs: 0,
-                key: None,
-                len: 0,
-                tick: None,
-                unread_prefetch: false,
-            })
-            .collect();
         Ok(Cache {
-            inner: Mutex::new(Inner {
-                slots,
-                map: HashMap::new(),
-                free: (0..blocks).rev().collect(),
-                lru: BTreeMap::new(),
-                clock: WARM,
-                cold_clock: 0,
-            }),
+            inner: Mutex::new(Inner::new(blocks)),
             arena,
             filled: Notify::new(),
             released: Notify::new(),
@@ -191,62 +236,51 @@ impl Cache {
     }
 
     /// The block `key` (`len` bytes of the object from `index * block_size`), fetched if
-    /// missing. With `prefetch`, returns `None` instead of waiting when the arena is full, and
-    /// the block counts as read-ahead.
+    /// missing. `Access::Prefetch` returns `None` instead of waiting when the block is already
+    /// there or coming, or when the arena is full.
     pub async fn get(
         self: &Arc<Self>,
         key: &BlockKey,
         len: usize,
-        prefetch: bool,
+        access: Access,
     ) -> Result<Option<BlockRef>, S3Error> {
+        let prefetch = access == Access::Prefetch;
+        if matches!(access, Access::Enter | Access::Once) {
+            self.lock().sketch.record(key);
+        }
+        let block_ref = |slot, len| BlockRef {
+            cache: self.clone(),
+            slot,
+            len,
+            once: access == Access::Once,
+        };
         let slot = loop {
             let filled = self.filled.notified();
             let released = self.released.notified();
             tokio::pin!(filled, released);
-            {
-                let mut inner = self.lock();
-                if let Some(&i) = inner.map.get(key) {
-                    match inner.slots[i].state {
-                        State::Ready => {
-                            if prefetch {
-                                return Ok(None);
-                            }
-                            inner.acquire(i);
-                            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                            let len = inner.slots[i].len;
-                            return Ok(Some(BlockRef {
-                                cache: self.clone(),
-                                slot: i,
-                                len,
-                            }));
-                        }
-                        State::Filling if prefetch => return Ok(None),
-                        State::Filling => {
-                            filled.as_mut().enable();
-                        }
-                        State::Free => {
-                            // Never happens (freeing a slot unmaps it); heal rather than panic.
-                            inner.map.remove(key);
-                            continue;
-                        }
-                    }
-                } else if let Some(i) = inner.take_slot(&self.stats) {
-                    let s = &mut inner.slots[i];
-                    s.state = State::Filling;
-                    s.refs = 1;
-                    s.key = Some(key.clone());
-                    s.len = len;
-                    s.unread_prefetch = prefetch;
-                    inner.map.insert(key.clone(), i);
-                    break i;
-                } else if prefetch {
+            let claim = self.lock().claim(key, len, access, &self.stats);
+            match claim {
+                Claim::Hit(i) => {
+                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    let len = self.lock().slots[i].len;
+                    return Ok(Some(block_ref(i, len)));
+                }
+                Claim::Present => return Ok(None),
+                Claim::Fill(i) => break i,
+                Claim::Full if prefetch => {
                     self.stats.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
-                } else {
+                }
+                Claim::Full => {
                     self.stats.waits.fetch_add(1, Ordering::Relaxed);
                     released.as_mut().enable();
                 }
+                Claim::Wait => {
+                    filled.as_mut().enable();
+                }
             }
+            // Both futures were created before `claim` looked: notify_waiters() reaches them
+            // from then on, so a fill or release that ended meanwhile is not missed.
             tokio::select! {
                 _ = &mut filled => {},
                 _ = &mut released => {},
@@ -258,31 +292,13 @@ impl Cache {
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
         }
         let result = self.fill(slot, key, len).await;
-        let mut inner = self.lock();
-        match result {
-            Ok(()) => {
-                inner.slots[slot].state = State::Ready;
-                drop(inner);
-                self.filled.notify_waiters();
-                Ok(Some(BlockRef {
-                    cache: self.clone(),
-                    slot,
-                    len,
-                }))
-            }
-            Err(e) => {
-                inner.map.remove(key);
-                let s = &mut inner.slots[slot];
-                s.state = State::Free;
-                s.refs = 0;
-                s.key = None;
-                inner.free.push(slot);
-                drop(inner);
-                self.filled.notify_waiters();
-                self.released.notify_waiters();
-                Err(e)
-            }
+        let ok = result.is_ok();
+        self.lock().filled(slot, ok);
+        self.filled.notify_waiters();
+        if !ok {
+            self.released.notify_waiters();
         }
+        result.map(|()| Some(block_ref(slot, len)))
     }
 
     async fn fill(&self, slot: usize, key: &BlockKey, len: usize) -> Result<(), S3Error> {
@@ -315,52 +331,194 @@ impl Cache {
         result.map_err(crate::read::pinned_gone)
     }
 
-    /// A sequential reader has moved past this block: evict it before any other idle block, so
-    /// that a scan does not push out blocks that are read again (drop-behind).
+    /// A sequential reader moved two blocks past this block: it goes behind — or to
+    /// probation, if it was not admitted — and is evicted before blocks still in use. A block
+    /// being read goes there when its last reader lets go.
     pub fn demote(&self, key: &BlockKey) {
-        let mut inner = self.lock();
-        let Some(&i) = inner.map.get(key) else { return };
-        let Some(t) = inner.slots[i].tick else { return };
-        if t < WARM {
-            return;
-        }
-        inner.lru.remove(&t);
-        inner.cold_clock += 1;
-        let cold = inner.cold_clock;
-        inner.slots[i].tick = Some(cold);
-        inner.lru.insert(cold, i);
+        self.lock().demote(key);
     }
 
-    fn release(&self, slot: usize) {
-        let mut inner = self.lock();
-        let s = &mut inner.slots[slot];
-        s.refs = s.refs.saturating_sub(1);
-        if s.refs == 0 && s.state == State::Ready {
-            inner.clock += 1;
-            let t = inner.clock;
-            inner.slots[slot].tick = Some(t);
-            inner.lru.insert(t, slot);
-            drop(inner);
+    /// The reader is done with this block (end of file): if it was not admitted it goes to
+    /// probation; otherwise it keeps its place (it may be read again, as a whole small file
+    /// often is).
+    pub fn done_with(&self, key: &BlockKey) {
+        self.lock().done_with(key);
+    }
+
+    fn release(&self, slot: usize, once: bool) {
+        let idle = self.lock().release(slot, once);
+        if idle {
             self.released.notify_waiters();
         }
     }
 }
 
 impl Inner {
-    /// A reader takes a ready block: no longer evictable.
-    fn acquire(&mut self, i: usize) {
+    fn new(blocks: usize) -> Inner {
+        let slots = (0..blocks)
+            .map(|_| Slot {
+                state: State::Free,
+                refs: 0,
+                key: None,
+                len: 0,
+                tick: None,
+                unread_prefetch: false,
+                probation: false,
+                behind: false,
+                done: false,
+            })
+            .collect();
+        Inner {
+            slots,
+            map: HashMap::new(),
+            free: (0..blocks).rev().collect(),
+            lru: BTreeMap::new(),
+            probation_clock: 0,
+            behind_clock: BEHIND,
+            clock: IN_USE,
+            sketch: Sketch::new(blocks),
+        }
+    }
+
+    /// Find the block, or reserve a slot to fill it into.
+    fn claim(&mut self, key: &BlockKey, len: usize, access: Access, stats: &CacheStats) -> Claim {
+        let prefetch = access == Access::Prefetch;
+        if let Some(&i) = self.map.get(key) {
+            match self.slots[i].state {
+                State::Ready if prefetch => return Claim::Present,
+                State::Ready => {
+                    self.acquire(i, access);
+                    return Claim::Hit(i);
+                }
+                State::Filling if prefetch => return Claim::Present,
+                State::Filling => return Claim::Wait,
+                // Never happens (freeing a slot unmaps it); heal rather than panic.
+                State::Free => {
+                    self.map.remove(key);
+                }
+            }
+        }
+        let Some((i, admitted)) = self.take_slot(key, prefetch, stats) else {
+            return Claim::Full;
+        };
+        if !admitted {
+            stats.not_admitted.fetch_add(1, Ordering::Relaxed);
+        }
+        let s = &mut self.slots[i];
+        s.state = State::Filling;
+        s.refs = 1;
+        s.key = Some(key.clone());
+        s.len = len;
+        s.unread_prefetch = prefetch;
+        s.probation = !admitted;
+        s.behind = false;
+        s.done = false;
+        self.map.insert(key.clone(), i);
+        Claim::Fill(i)
+    }
+
+    /// A fill ended: the block is ready (held by its filler), or the slot is free again.
+    fn filled(&mut self, slot: usize, ok: bool) {
+        if ok {
+            self.slots[slot].state = State::Ready;
+            return;
+        }
+        let s = &mut self.slots[slot];
+        let key = s.key.take();
+        s.state = State::Free;
+        s.refs = 0;
+        s.tick = None;
+        if let Some(k) = key {
+            self.map.remove(&k);
+        }
+        self.free.push(slot);
+    }
+
+    /// A reader takes a ready block: no longer evictable. A second use of a block that was not
+    /// admitted proves it worth keeping.
+    fn acquire(&mut self, i: usize, access: Access) {
         let s = &mut self.slots[i];
         s.refs += 1;
+        if matches!(access, Access::Enter | Access::Once) && !s.unread_prefetch {
+            s.probation = false;
+        }
+        if access != Access::Continue {
+            s.behind = false;
+            s.done = false;
+        }
         s.unread_prefetch = false;
         if let Some(t) = s.tick.take() {
             self.lru.remove(&t);
         }
     }
 
-    /// A free slot, or the least recently used evictable one.
-    fn take_slot(&mut self, stats: &CacheStats) -> Option<usize> {
+    fn demote(&mut self, key: &BlockKey) {
+        let Some(&i) = self.map.get(key) else { return };
+        match self.slots[i].tick {
+            // Held: placed when released.
+            None => self.slots[i].behind = true,
+            Some(t) if t >= IN_USE => {
+                self.lru.remove(&t);
+                self.place(i, true);
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn done_with(&mut self, key: &BlockKey) {
+        let Some(&i) = self.map.get(key) else { return };
+        let s = &mut self.slots[i];
+        match s.tick {
+            None => s.done = true,
+            Some(t) if t >= IN_USE && s.probation => {
+                self.lru.remove(&t);
+                self.place(i, true);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// A reader lets go of a block (`once`: and is done with it); returns whether the block
+    /// became evictable.
+    fn release(&mut self, slot: usize, once: bool) -> bool {
+        let s = &mut self.slots[slot];
+        s.refs = s.refs.saturating_sub(1);
+        s.done |= once;
+        if s.refs == 0 && s.state == State::Ready {
+            let leave = s.behind || (s.done && s.probation);
+            self.place(slot, leave);
+            return true;
+        }
+        false
+    }
+
+    /// Put an idle block into the eviction order: in use, or (`leave`) behind or in
+    /// probation.
+    fn place(&mut self, slot: usize, leave: bool) {
+        let s = &mut self.slots[slot];
+        let clock = if !leave {
+            &mut self.clock
+        } else if s.probation {
+            &mut self.probation_clock
+        } else {
+            &mut self.behind_clock
+        };
+        *clock += 1;
+        s.tick = Some(*clock);
+        self.lru.insert(*clock, slot);
+    }
+
+    /// A free slot, or the first evictable one, and whether `key` is admitted: a block fetched
+    /// into a full cache is admitted only if the sketch rates it more popular than the block
+    /// it displaces (read-ahead counting the read to come).
+    fn take_slot(
+        &mut self,
+        key: &BlockKey,
+        prefetch: bool,
+        stats: &CacheStats,
+    ) -> Option<(usize, bool)> {
         if let Some(i) = self.free.pop() {
-            return Some(i);
+            return Some((i, true));
         }
         let (&t, &i) = self.lru.iter().next()?;
         self.lru.remove(&t);
@@ -370,10 +528,13 @@ impl Inner {
             stats.prefetch_waste.fetch_add(1, Ordering::Relaxed);
         }
         stats.evictions.fetch_add(1, Ordering::Relaxed);
-        if let Some(k) = s.key.take() {
+        let victim = s.key.take();
+        s.state = State::Free;
+        let victim_uses = victim.as_ref().map_or(0, |k| self.sketch.estimate(k));
+        if let Some(k) = victim {
             self.map.remove(&k);
         }
-        s.state = State::Free;
-        Some(i)
+        let uses = self.sketch.estimate(key).saturating_add(u8::from(prefetch));
+        Some((i, uses > victim_uses))
     }
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::runtime::Handle;
 
-use crate::cache::{BlockKey, BlockRef, Cache};
+use crate::cache::{Access, BlockKey, BlockRef, Cache};
 use crate::s3::{S3Client, S3Error, S3ErrorKind};
 
 /// Read-ahead tuning.
@@ -32,8 +32,8 @@ struct State {
     window: u64,
     /// Read-ahead has been started for blocks below this one.
     prefetched_to: u64,
-    /// The first block of the previous read (drop-behind runs when the reader leaves a block).
-    last_block: u64,
+    /// The last block of the previous read (a read that starts elsewhere enters a block).
+    last_block: Option<u64>,
 }
 
 /// What a read returns: a slice of a cache block (held while the reply is sent), or bytes of
@@ -131,8 +131,8 @@ impl ObjectReader {
                 st.window = 0;
                 st.prefetched_to = 0;
             }
-            let entered = first != st.last_block;
-            st.last_block = first;
+            let entered = st.last_block != Some(first);
+            st.last_block = Some(last);
             (seq, entered)
         };
         if sequential && entered_block && first >= 2 {
@@ -140,6 +140,13 @@ impl ObjectReader {
             // backward seeks).
             self.cache.demote(&self.block_key(first - 2));
         }
+        // How this read uses its first block; later blocks of a read are always entered.
+        let access = match (sequential, entered_block) {
+            (false, _) => Access::Once,
+            (true, true) => Access::Enter,
+            (true, false) => Access::Continue,
+        };
+        let at_end = sequential && end == self.size;
         if !sequential
             && self.size > bs
             && first == last
@@ -154,7 +161,11 @@ impl ObjectReader {
             return Ok(ReadData::Owned(buf));
         }
         if first == last {
-            let b = self.block(first).await?;
+            let b = self.block(first, access).await?;
+            if at_end {
+                // The reader is done with the file (a block not admitted goes first).
+                self.cache.done_with(&self.block_key(last));
+            }
             let base = first * bs;
             return Ok(ReadData::Block(
                 b,
@@ -165,18 +176,25 @@ impl ObjectReader {
         // Across blocks: hold one block at a time, so that a tiny cache cannot deadlock.
         let mut out = Vec::with_capacity((end - offset) as usize);
         for index in first..=last {
-            let b = self.block(index).await?;
+            let access = match access {
+                Access::Continue if index > first => Access::Enter,
+                a => a,
+            };
+            let b = self.block(index, access).await?;
             let base = index * bs;
             let from = offset.max(base) - base;
             let to = end.min(base + b.data().len() as u64) - base;
             out.extend_from_slice(&b.data()[from as usize..to as usize]);
         }
+        if at_end {
+            self.cache.done_with(&self.block_key(last));
+        }
         Ok(ReadData::Owned(out))
     }
 
-    async fn block(&self, index: u64) -> Result<BlockRef, S3Error> {
+    async fn block(&self, index: u64, access: Access) -> Result<BlockRef, S3Error> {
         let key = self.block_key(index);
-        match self.cache.get(&key, self.block_len(index), false).await? {
+        match self.cache.get(&key, self.block_len(index), access).await? {
             Some(b) => Ok(b),
             None => Err(S3Error::new(
                 S3ErrorKind::Other,
@@ -194,7 +212,7 @@ impl ObjectReader {
         // Read-ahead is best effort: it never waits for room, and a failure is left for the
         // reader to meet (and report) when it gets there.
         self.rt.spawn(async move {
-            if let Err(e) = cache.get(&key, len, true).await {
+            if let Err(e) = cache.get(&key, len, Access::Prefetch).await {
                 tracing::debug!(key = %key.key, block = key.index, error = %e, "read-ahead failed");
             }
         });
