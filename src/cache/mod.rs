@@ -103,8 +103,8 @@ const IN_USE: u64 = 1 << 62;
 
 /// What a reader found.
 enum Claim {
-    /// Ready, and now held.
-    Hit(usize),
+    /// Ready (slot, length), and now held.
+    Hit(usize, usize),
     /// Being filled by another reader.
     Wait,
     /// Reserved for this reader to fill.
@@ -245,9 +245,8 @@ impl Cache {
         access: Access,
     ) -> Result<Option<BlockRef>, S3Error> {
         let prefetch = access == Access::Prefetch;
-        if matches!(access, Access::Enter | Access::Once) {
-            self.lock().sketch.record(key);
-        }
+        // A use is counted once, however long the reader waits.
+        let mut count_use = matches!(access, Access::Enter | Access::Once);
         let block_ref = |slot, len| BlockRef {
             cache: self.clone(),
             slot,
@@ -258,11 +257,16 @@ impl Cache {
             let filled = self.filled.notified();
             let released = self.released.notified();
             tokio::pin!(filled, released);
-            let claim = self.lock().claim(key, len, access, &self.stats);
+            let claim = {
+                let mut inner = self.lock();
+                if std::mem::take(&mut count_use) {
+                    inner.sketch.record(key);
+                }
+                inner.claim(key, len, access, &self.stats)
+            };
             match claim {
-                Claim::Hit(i) => {
+                Claim::Hit(i, len) => {
                     self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                    let len = self.lock().slots[i].len;
                     return Ok(Some(block_ref(i, len)));
                 }
                 Claim::Present => return Ok(None),
@@ -388,7 +392,7 @@ impl Inner {
                 State::Ready if prefetch => return Claim::Present,
                 State::Ready => {
                     self.acquire(i, access);
-                    return Claim::Hit(i);
+                    return Claim::Hit(i, self.slots[i].len);
                 }
                 State::Filling if prefetch => return Claim::Present,
                 State::Filling => return Claim::Wait,

@@ -77,7 +77,7 @@ impl Policy for Ours {
         }
         inner.sketch.record(&step.read);
         let (slot, hit) = match inner.claim(&step.read, 1, step.access, &self.stats) {
-            Claim::Hit(i) => (i, true),
+            Claim::Hit(i, _) => (i, true),
             Claim::Fill(i) => {
                 inner.filled(i, true);
                 (i, false)
