@@ -11,3 +11,4 @@ pub mod rdma;
 pub mod read;
 pub mod s3;
 pub mod startup;
+pub mod upload;

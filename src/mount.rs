@@ -10,6 +10,8 @@ use crate::cli::Settings;
 use crate::daemon::{self, Readiness};
 use crate::fs::S3Fs;
 use crate::s3::S3Client;
+use crate::upload::pool::WritePool;
+use crate::upload::Uploader;
 use crate::{logging, startup};
 
 /// Mount and serve until unmounted. Never returns: exits 0 after a clean unmount, 1 on failure.
@@ -82,6 +84,30 @@ pub fn run(settings: Settings) -> ! {
         block_size = settings.fs.read.part_size,
         "page cache ready"
     );
+    let pool = match WritePool::new(
+        settings.write_part_size as usize,
+        (settings.write_buffer_size / settings.write_part_size) as usize,
+        s3.rdma_mode() != crate::s3::RdmaMode::Off,
+    ) {
+        Ok(p) => Arc::new(p),
+        Err(msg) => readiness.fail(&msg),
+    };
+    let uploader = Arc::new(Uploader::new(
+        s3.clone(),
+        rt.handle().clone(),
+        pool.clone(),
+        settings.upload_concurrency,
+    ));
+    if !settings.read_only {
+        info!(
+            bytes = settings.write_buffer_size,
+            part_size = settings.write_part_size,
+            pinned = pool.pinned(),
+            registered = pool.registered(),
+            max_file_size = uploader.max_file_size(),
+            "write buffers ready"
+        );
+    }
     let notifier = Arc::new(OnceLock::new());
     let fs = S3Fs::new(
         rt.handle().clone(),
@@ -90,6 +116,7 @@ pub fn run(settings: Settings) -> ! {
         &settings.prefix,
         settings.fs.clone(),
         notifier.clone(),
+        uploader.clone(),
     );
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(&settings);
@@ -136,16 +163,24 @@ pub fn run(settings: Settings) -> ! {
         mountpoint = %mountpoint.display(),
         "mounted"
     );
+    let summary = {
+        let (stats, cache, uploader) = (stats.clone(), cache.clone(), uploader.clone());
+        move || {
+            format!(
+                "{} {} {}",
+                stats.summary(),
+                cache.stats.summary(),
+                uploader.summary()
+            )
+        }
+    };
     if let Some(path) = settings.stats_file.clone() {
-        let (stats, cache) = (stats.clone(), cache.clone());
+        let summary = summary.clone();
         rt.spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                write_stats(
-                    &path,
-                    &format!("{} {}", stats.summary(), cache.stats.summary()),
-                );
+                write_stats(&path, &summary());
             }
         });
     }
@@ -153,7 +188,7 @@ pub fn run(settings: Settings) -> ! {
     let result = session.run();
     match result {
         Ok(()) => {
-            let summary = format!("{} {}", stats.summary(), cache.stats.summary());
+            let summary = summary();
             if let Some(path) = &settings.stats_file {
                 write_stats(path, &summary);
             }
@@ -213,9 +248,11 @@ fn mount_options(s: &Settings) -> Vec<MountOption> {
         MountOption::Subtype("s3rdma".into()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
-        // This version never writes to S3: the kernel refuses writes with EROFS up front.
-        MountOption::RO,
     ];
+    if s.read_only {
+        // The kernel refuses writes with EROFS up front.
+        opts.push(MountOption::RO);
+    }
     let user_set =
         |a: &MountOption, b: &MountOption| s.kernel_flags.iter().any(|f| f == a || f == b);
     if !user_set(&MountOption::Dev, &MountOption::NoDev) {

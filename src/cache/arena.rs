@@ -145,6 +145,29 @@ impl Arena {
     }
 }
 
+impl Arena {
+    /// `len` bytes from the start of block `i` (a run of adjacent blocks), to write.
+    ///
+    /// # Safety
+    /// The caller must hold every block of the run exclusively while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn block_mut_run(&self, i: usize, len: usize) -> &mut [u8] {
+        assert!(i < self.blocks && len <= (self.blocks - i) * self.block_size);
+        // SAFETY: in bounds of our mapping; exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(i * self.block_size), len) }
+    }
+
+    /// `len` bytes from the start of block `i` (a run of adjacent blocks), to read.
+    ///
+    /// # Safety
+    /// No one may be writing the run while the slice lives.
+    pub unsafe fn block_run(&self, i: usize, len: usize) -> &[u8] {
+        assert!(i < self.blocks && len <= (self.blocks - i) * self.block_size);
+        // SAFETY: in bounds; the caller promises no concurrent writer.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(i * self.block_size), len) }
+    }
+}
+
 impl Drop for Arena {
     fn drop(&mut self) {
         // Registrations go before the memory does.

@@ -110,8 +110,7 @@ pub struct Cli {
     pub rdma_accept_206_200: bool,
 
     // ---- Mount ----
-    /// Mount read-only (-o ro). This version does not write to S3 yet: every mount is
-    /// read-only, and writes fail with EROFS
+    /// Mount read-only (-o ro): every write fails with EROFS
     #[arg(long, help_heading = "Mount")]
     pub read_only: bool,
 
@@ -187,6 +186,21 @@ pub struct Cli {
     /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB]
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub max_prefetch: Option<u64>,
+
+    // ---- Writing ----
+    /// Size of the parts a written file is uploaded in (5MiB..5GiB); parts double in size every
+    /// 1000 parts, so large files stay within S3's 10,000 parts [default: 16MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
+    pub write_part_size: Option<u64>,
+
+    /// Memory for files being written: one pinned, RDMA-registered pool of parts; a writer waits
+    /// while uploads fill it [default: min(256MiB, 1/16 of RAM), at least 2 parts]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
+    pub write_buffer_size: Option<u64>,
+
+    /// The most parts uploaded at once, for the whole mount [default: 8]
+    #[arg(long, value_name = "N", help_heading = "Writing")]
+    pub upload_concurrency: Option<usize>,
 
     // ---- Logging ----
     /// error, warn, info, debug or trace (debug logs every S3 request); or a tracing filter
@@ -302,6 +316,11 @@ impl Cli {
             "read_ahead_kb" => self.read_ahead_kb = Some(num(value)? as u32),
             "direct_io" => self.direct_io = flag(value)?,
             "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
+            "write_part_size" => self.write_part_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "write_buffer_size" => {
+                self.write_buffer_size = Some(with_key(key, parse_size(&need(value)?))?)
+            }
+            "upload_concurrency" => self.upload_concurrency = Some(num(value)? as usize),
             "log_level" => self.log_level = Some(need(value)?),
             "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
             "stats_file" => self.stats_file = Some(PathBuf::from(need(value)?)),
@@ -374,10 +393,13 @@ pub struct Settings {
     pub cache_size: u64,
     pub max_inflight_reads: usize,
     pub read_ahead_kb: u32,
+    pub write_part_size: u64,
+    pub write_buffer_size: u64,
+    pub upload_concurrency: usize,
 }
 
-/// min(1 GiB, 1/8 of physical memory).
-pub fn default_cache_size() -> u64 {
+/// Physical memory (8 GiB if it cannot be read).
+fn ram() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe {
         (
@@ -385,12 +407,40 @@ pub fn default_cache_size() -> u64 {
             libc::sysconf(libc::_SC_PAGESIZE),
         )
     };
-    let ram = if pages > 0 && page > 0 {
+    if pages > 0 && page > 0 {
         pages as u64 * page as u64
     } else {
         8 << 30
-    };
-    (1u64 << 30).min(ram / 8)
+    }
+}
+
+/// min(1 GiB, 1/8 of physical memory).
+pub fn default_cache_size() -> u64 {
+    (1u64 << 30).min(ram() / 8)
+}
+
+/// Check the write options; returns (part size, pool size rounded down to whole parts).
+fn write_sizes(part: Option<u64>, pool: Option<u64>) -> Result<(u64, u64), String> {
+    let part = part.unwrap_or(16 << 20);
+    let max_reg = cuobj_ffi::max_registration_size() as u64;
+    let max_part = crate::upload::MAX_PART_BYTES.min(max_reg);
+    if !(crate::upload::MIN_PART_BYTES..=max_part).contains(&part) {
+        return Err(format!(
+            "write part size {part} is out of range; use 5MiB (S3's smallest part) to {max_part} bytes (default 16MiB)"
+        ));
+    }
+    let pool = pool.unwrap_or_else(|| (256u64 << 20).min(ram() / 16).max(2 * part).min(max_reg));
+    if pool < 2 * part {
+        return Err(format!(
+            "write buffer size {pool} holds fewer than 2 parts of {part} bytes; raise --write-buffer-size or lower --write-part-size"
+        ));
+    }
+    if pool > max_reg {
+        return Err(format!(
+            "write buffer size {pool} is above the RDMA registration limit of {max_reg} bytes; lower --write-buffer-size"
+        ));
+    }
+    Ok((part, pool / part * part))
 }
 
 /// Parse `BUCKET`, `BUCKET:PREFIX` or `s3://BUCKET/PREFIX` into (bucket, raw prefix).
@@ -464,6 +514,14 @@ impl Settings {
                     .into(),
             );
         }
+        let (write_part_size, write_buffer_size) =
+            write_sizes(cli.write_part_size, cli.write_buffer_size)?;
+        let upload_concurrency = cli.upload_concurrency.unwrap_or(8);
+        if !(1..=256).contains(&upload_concurrency) {
+            return Err(format!(
+                "upload concurrency {upload_concurrency} is out of range; use 1 to 256 (default 8)"
+            ));
+        }
         let metadata_ttl = cli.metadata_ttl.unwrap_or(Duration::from_secs(1));
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -494,6 +552,7 @@ impl Settings {
                     max_prefetch: cli.max_prefetch.unwrap_or(64 << 20),
                 },
                 direct_io: cli.direct_io,
+                read_only: cli.read_only,
             },
             bucket,
             prefix,
@@ -511,6 +570,9 @@ impl Settings {
             cache_size,
             max_inflight_reads: cli.max_inflight_reads.unwrap_or(32).max(1),
             read_ahead_kb: cli.read_ahead_kb.unwrap_or(1024),
+            write_part_size,
+            write_buffer_size,
+            upload_concurrency,
         })
     }
 
@@ -603,7 +665,8 @@ mod tests {
             let sample = match key.as_str() {
                 "file_mode" | "dir_mode" => Some("0644"),
                 "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
-                "read_part_size" | "max_prefetch" | "cache_size" => Some("8MiB"),
+                "read_part_size" | "max_prefetch" | "cache_size" | "write_part_size"
+                | "write_buffer_size" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
                 "rdma" => Some("auto"),
                 _ if arg.get_action().takes_values() => Some("1"),
@@ -630,6 +693,23 @@ mod tests {
         assert!(e.contains("--allow-root"), "{e}");
         let e = settings(&["s3rdma", "bkt", "/m", "-o", "read_part_size=12XB"]).unwrap_err();
         assert!(e.contains("read_part_size") && e.contains("unit"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--write-part-size", "1MiB"]).unwrap_err();
+        assert!(e.contains("5MiB"), "{e}");
+        let e = settings(&[
+            "s3rdma",
+            "bkt",
+            "/m",
+            "-o",
+            "write_part_size=16M,write_buffer_size=20M",
+        ])
+        .unwrap_err();
+        assert!(e.contains("fewer than 2 parts"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--write-buffer-size", "8GiB"]).unwrap_err();
+        assert!(e.contains("registration limit"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "upload_concurrency=0"]).unwrap_err();
+        assert!(e.contains("upload concurrency"), "{e}");
+        let s = settings(&["s3rdma", "bkt", "/m", "-o", "write_buffer_size=100M"]).unwrap();
+        assert_eq!((s.write_part_size, s.write_buffer_size), (16 << 20, 96 << 20));
     }
 
     #[test]

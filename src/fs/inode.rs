@@ -104,6 +104,11 @@ impl Inode {
         self.lock().opened_etag.replace(etag.to_string())
     }
 
+    /// Forget which version the kernel's pages are of: the next open starts from none.
+    pub fn forget_opened(&self) {
+        self.lock().opened_etag = None;
+    }
+
     /// Forget the cached stat (the object is gone, or changed under us).
     pub fn invalidate(&self) {
         let mut st = self.lock();

@@ -7,6 +7,7 @@ pub mod dir;
 pub mod inode;
 pub mod names;
 pub mod probe;
+pub mod write;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -15,9 +16,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, debug_span, info, warn};
@@ -25,6 +27,7 @@ use tracing::{debug, debug_span, info, warn};
 use crate::cache::Cache;
 use crate::read::{ObjectReader, ReadConfig, ReadData};
 use crate::s3::{S3Client, S3Error, S3ErrorKind};
+use crate::upload::Uploader;
 use dir::{DirBuilder, Listed};
 use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
 use probe::Probe;
@@ -43,6 +46,8 @@ pub struct FsConfig {
     pub read: ReadConfig,
     /// Open files with FOPEN_DIRECT_IO: no kernel page cache, every read reaches the daemon.
     pub direct_io: bool,
+    /// Refuse every write (the kernel mount is read-only too).
+    pub read_only: bool,
 }
 
 /// How old an answer about the key (lookup or HeadObject) may be for `open` to use it instead
@@ -54,9 +59,9 @@ const BLOCK_SIZE: u32 = 4096;
 /// Keys under one prefix that we log as hidden, at most once each.
 const HIDDEN_LOG_CAPACITY: u64 = 100_000;
 
-struct OpenFile {
-    ino: u64,
-    reader: ObjectReader,
+enum OpenFile {
+    Read(u64, ObjectReader),
+    Write(u64, write::WriteFile),
 }
 
 struct OpenDir {
@@ -77,6 +82,9 @@ pub struct S3Fs {
     negative: Option<moka::sync::Cache<String, ()>>,
     hidden_logged: moka::sync::Cache<String, ()>,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Files being written in this mount, by inode.
+    writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
+    uploader: Arc<Uploader>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     next_fh: AtomicU64,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
@@ -101,6 +109,7 @@ impl S3Fs {
         root_prefix: &str,
         cfg: FsConfig,
         notifier: Arc<OnceLock<Notifier>>,
+        uploader: Arc<Uploader>,
     ) -> Self {
         let negative = (!cfg.negative_ttl.is_zero()).then(|| {
             moka::sync::Cache::builder()
@@ -116,6 +125,8 @@ impl S3Fs {
             negative,
             hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
             files: Mutex::new(HashMap::new()),
+            writing: Mutex::new(HashMap::new()),
+            uploader,
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             exact_probes: AtomicBool::new(false),
@@ -207,6 +218,9 @@ impl S3Fs {
         names::check_name(name).map_err(|b| errno(b.errno()))?;
         let now = Instant::now();
         if let Some(child) = self.inodes.child(parent, name) {
+            if let Some(w) = self.writing(child.ino) {
+                return Ok(self.attr(&child, &w.stat()));
+            }
             if let Some(stat) = child.fresh_stat(now) {
                 return Ok(self.attr(&child, &stat));
             }
@@ -285,6 +299,9 @@ impl S3Fs {
 
     fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if let Some(w) = self.writing(ino) {
+            return Ok(self.attr(&inode, &w.stat()));
+        }
         let now = Instant::now();
         if let Some(stat) = inode.fresh_stat(now) {
             return Ok(self.attr(&inode, &stat));
@@ -311,13 +328,17 @@ impl S3Fs {
         }
     }
 
-    fn do_open(&self, ino: u64, flags: OpenFlags) -> FsResult<(u64, FopenFlags)> {
+    fn do_open(&self, ino: u64, flags: OpenFlags, pid: u32) -> FsResult<(u64, FopenFlags)> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind == Kind::Dir {
             return Err(Errno::EISDIR);
         }
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
-            return Err(Errno::EROFS);
+            return self.open_for_write(&inode, flags, pid);
+        }
+        if self.writing(ino).is_some() {
+            warn!(key = %inode.key, "file is being written in this mount; it can be read once it is closed");
+            return Err(Errno::EBUSY);
         }
         // Close-to-open: every open asks S3 for the current version and pins its ETag. The
         // kernel's lookup right before this open may already have asked: an answer younger
@@ -359,7 +380,7 @@ impl S3Fs {
         );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.lock_files()
-            .insert(fh, Arc::new(OpenFile { ino, reader }));
+            .insert(fh, Arc::new(OpenFile::Read(ino, reader)));
         let flags = if self.cfg.direct_io {
             FopenFlags::FOPEN_DIRECT_IO
         } else if keep_cache {
@@ -372,8 +393,12 @@ impl S3Fs {
 
     fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
+        let OpenFile::Read(_, reader) = &*file else {
+            warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
+            return Err(Errno::EOPNOTSUPP);
+        };
         self.rt
-            .block_on(file.reader.read(offset, size))
+            .block_on(reader.read(offset, size))
             .map_err(|e| self.fail("read", &e))
     }
 
@@ -435,10 +460,23 @@ impl S3Fs {
                 }
             };
             child.set_stat(stat.clone(), until);
+            let stat = self.writing(child.ino).map_or(stat, |w| w.stat());
             out.push(DirEntryOut {
                 attr: self.attr(&child, &stat),
                 name,
             });
+        }
+        // Files being written here exist in this mount before S3 has them.
+        for (ino, w) in self.writing_in(inode.ino) {
+            if out.iter().any(|e| e.name == w.name) {
+                continue;
+            }
+            if let Some(child) = self.inodes.get(ino) {
+                out.push(DirEntryOut {
+                    attr: self.attr(&child, &w.stat()),
+                    name: w.name.clone(),
+                });
+            }
         }
         Ok(out)
     }
@@ -451,6 +489,37 @@ impl S3Fs {
             *cached = Some(Arc::new(self.list_dir(&inode)?));
         }
         Ok(cached.clone().unwrap_or_default())
+    }
+
+    /// `setattr`: a truncate of a file being written to its current size (`ftruncate(fd, 0)`
+    /// right after `open`), and times set to "now" (what S3's modification time will say), are
+    /// honoured; mode, owner, explicit times and other sizes cannot be stored (EOPNOTSUPP).
+    fn do_setattr(
+        &self,
+        ino: u64,
+        owner_or_mode: bool,
+        size: Option<u64>,
+        times: [Option<TimeOrNow>; 2],
+    ) -> FsResult<FileAttr> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if self.cfg.read_only {
+            return Err(Errno::EROFS);
+        }
+        let explicit_time = times
+            .iter()
+            .any(|t| matches!(t, Some(TimeOrNow::SpecificTime(_))));
+        if owner_or_mode || explicit_time {
+            debug!(key = %inode.key, "mode, owner and explicit times are not stored in this version");
+            return Err(Errno::EOPNOTSUPP);
+        }
+        if let Some(size) = size {
+            if self.writing(ino).is_none() {
+                warn!(key = %inode.key, size, "truncating an object that is not being written is not supported; open it with O_TRUNC to replace it");
+                return Err(Errno::EOPNOTSUPP);
+            }
+            self.truncate_writing(ino, size)?;
+        }
+        self.do_getattr(ino)
     }
 
     fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
@@ -468,7 +537,10 @@ impl S3Fs {
 
 impl fuser::Filesystem for S3Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS;
+        // ATOMIC_O_TRUNC: open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN + SETATTR.
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
         if let Err(missing) = config.add_capabilities(wanted) {
             debug!(?missing, "kernel lacks some FUSE capabilities");
         }
@@ -497,9 +569,9 @@ impl fuser::Filesystem for S3Fs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = debug_span!("fuse", op = "open", ino = ino.0).entered();
-        match self.do_open(ino.0, flags) {
+        match self.do_open(ino.0, flags, req.pid()) {
             Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
             Err(e) => reply.error(e),
         }
@@ -525,13 +597,25 @@ impl fuser::Filesystem for S3Fs {
 
     fn flush(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        let _s = debug_span!("fuse", op = "flush", ino = ino.0).entered();
+        match self.do_flush(fh.0, req.pid()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let _s = debug_span!("fuse", op = "fsync", ino = ino.0).entered();
+        match self.do_fsync(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn release(
@@ -544,10 +628,83 @@ impl fuser::Filesystem for S3Fs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some(f) = self.lock_files().remove(&fh.0) {
-            debug!(ino = f.ino, key = f.reader.key(), "released");
+        let file = self.lock_files().remove(&fh.0);
+        match file.as_deref() {
+            Some(OpenFile::Read(ino, reader)) => debug!(ino, key = reader.key(), "released"),
+            Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
+            None => {}
         }
         reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let _s = debug_span!("fuse", op = "create", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_create(parent.0, name, req.pid()) {
+            Ok((attr, fh)) => reply.created(
+                &self.entry_ttl(),
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let _s = debug_span!("fuse", op = "write", ino = ino.0, offset, len = data.len()).entered();
+        match self.do_write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let _s = debug_span!("fuse", op = "setattr", ino = ino.0).entered();
+        match self.do_setattr(ino.0, mode.or(uid).or(gid).is_some(), size, [atime, mtime]) {
+            Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -630,16 +787,21 @@ impl fuser::Filesystem for S3Fs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // An object store has no fixed capacity: report 1 PiB free, like other S3 file systems,
-        // so that tools which check free space before writing do not refuse.
+        // An object store has no fixed capacity: report 1 PiB, like other S3 file systems, so
+        // that tools which check free space before writing do not refuse. S3 has no cheap
+        // "bucket size": what is used is what this mount has written since it was mounted.
         const BLOCKS: u64 = (1u64 << 50) / BLOCK_SIZE as u64;
         const FILES: u64 = 1 << 32;
+        let st = &self.uploader.stats;
+        let used = st.bytes_written.load(Ordering::Relaxed).div_ceil(BLOCK_SIZE as u64);
+        let files = st.objects_written.load(Ordering::Relaxed);
+        let free = BLOCKS.saturating_sub(used);
         reply.statfs(
             BLOCKS,
-            BLOCKS,
-            BLOCKS,
+            free,
+            free,
             FILES,
-            FILES,
+            FILES.saturating_sub(files),
             BLOCK_SIZE,
             names::NAME_MAX as u32,
             BLOCK_SIZE,

@@ -34,6 +34,8 @@ pub enum S3ErrorKind {
     BadResponse,
     /// The endpoint declined RDMA under `rdma=required`.
     RdmaDeclined,
+    /// The server does not implement what the request asked for (501 NotImplemented).
+    Unsupported,
     /// Anything else.
     Other,
 }
@@ -83,6 +85,7 @@ pub fn errno_for(kind: S3ErrorKind) -> i32 {
         AccessDenied | BadCredentials | NoCredentials | Archived => libc::EACCES,
         PreconditionFailed => libc::ESTALE,
         InvalidRange => libc::EINVAL,
+        Unsupported => libc::EOPNOTSUPP,
         Throttled => libc::EAGAIN,
         Timeout => libc::ETIMEDOUT,
         ServerError | Unreachable | BadResponse | RdmaDeclined | Other => libc::EIO,

@@ -81,6 +81,8 @@ pub struct S3Client {
     endpoint: String,
     request_timeout: Duration,
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
+    /// The server answered 501 to If-None-Match / If-Match on a write.
+    no_conditional_writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl S3Client {
@@ -147,6 +149,7 @@ impl S3Client {
             endpoint,
             request_timeout: opts.request_timeout,
             credentials: sdk.credentials_provider(),
+            no_conditional_writes: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -384,6 +387,18 @@ impl S3Client {
     /// PutObject of `data`, over RDMA when it is a registered buffer and the mode allows, else
     /// over HTTP; always with `x-amz-checksum-crc64nvme`. Returns the ETag.
     pub async fn put_object(&self, key: &str, data: PutSource<'_>) -> Result<String, S3Error> {
+        self.put_object_if(key, data, &Condition::None).await
+    }
+
+    /// [`S3Client::put_object`] under a precondition (`If-None-Match: *` or `If-Match`): a
+    /// key that no longer satisfies it fails with `PreconditionFailed` and stores nothing.
+    pub async fn put_object_if(
+        &self,
+        key: &str,
+        data: PutSource<'_>,
+        cond: &Condition,
+    ) -> Result<String, S3Error> {
+        let cond = &self.usable(cond);
         let bytes = data.bytes();
         let crc = checksum::crc64nvme_base64(bytes);
         let span = tracing::debug_span!(
@@ -401,6 +416,8 @@ impl S3Client {
                         .put_object()
                         .bucket(&self.bucket)
                         .key(key)
+                        .set_if_none_match(cond.if_none_match())
+                        .set_if_match(cond.if_match())
                         .checksum_crc64_nvme(&crc)
                         .content_length(0)
                         .customize()
@@ -417,12 +434,14 @@ impl S3Client {
                 .put_object()
                 .bucket(&self.bucket)
                 .key(key)
+                .set_if_none_match(cond.if_none_match())
+                .set_if_match(cond.if_match())
                 .checksum_crc64_nvme(&crc)
-                .body(aws_sdk_s3::primitives::ByteStream::from(bytes.to_vec()))
+                .body(data.body())
                 .send()
                 .await;
             log_outcome("PutObject", key, start, &res);
-            let out = res.map_err(|e| convert("PutObject", key, e))?;
+            let out = res.map_err(|e| self.note_unsupported(cond, convert("PutObject", key, e)))?;
             TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
             Ok(out.e_tag().unwrap_or_default().to_string())
         }
@@ -479,7 +498,7 @@ impl S3Client {
                 .upload_id(upload_id)
                 .part_number(part)
                 .checksum_crc64_nvme(&crc)
-                .body(aws_sdk_s3::primitives::ByteStream::from(bytes.to_vec()))
+                .body(data.body())
                 .send()
                 .await;
             log_outcome("UploadPart", key, start, &res);
@@ -506,17 +525,18 @@ impl S3Client {
         E: ProvideErrorMetadata + std::error::Error + 'static,
         O: RequestId,
     {
-        let PutSource::Registered(buf, len) = data else {
+        let Some((reg, offset)) = data.window() else {
             return Ok(None);
         };
-        if self.rdma == RdmaMode::Off || *len == 0 {
+        let len = data.bytes().len();
+        if self.rdma == RdmaMode::Off || len == 0 {
             return Ok(None);
         }
         let seen = Arc::new(Mutex::new(ReplySeen::default()));
         let icpt = TokenInterceptor::new(
-            buf.registration().clone(),
-            0,
-            *len,
+            reg.clone(),
+            offset,
+            len,
             Op::Put,
             self.stats.clone(),
             seen.clone(),
@@ -529,7 +549,7 @@ impl S3Client {
                 let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 match rdma::judge_put(&seen) {
                     Verdict::Done(_) => {
-                        TransportStats::add(&self.stats.rdma_bytes_written, *len as u64);
+                        TransportStats::add(&self.stats.rdma_bytes_written, len as u64);
                         Ok(Some(out))
                     }
                     Verdict::Declined => self.decline(op, key).map(|()| None),
@@ -575,6 +595,20 @@ impl S3Client {
         upload_id: &str,
         parts: &[(i32, String)],
     ) -> Result<String, S3Error> {
+        self.complete_multipart_if(key, upload_id, parts, &Condition::None)
+            .await
+    }
+
+    /// [`S3Client::complete_multipart`] under a precondition. On `PreconditionFailed` the
+    /// upload stays open: the caller aborts it.
+    pub async fn complete_multipart_if(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[(i32, String)],
+        cond: &Condition,
+    ) -> Result<String, S3Error> {
+        let cond = &self.usable(cond);
         use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
         let done = CompletedMultipartUpload::builder()
             .set_parts(Some(
@@ -591,11 +625,15 @@ impl S3Client {
             .bucket(&self.bucket)
             .key(key)
             .upload_id(upload_id)
+            .set_if_none_match(cond.if_none_match())
+            .set_if_match(cond.if_match())
             .multipart_upload(done)
             .send()
             .await;
         log_outcome("CompleteMultipartUpload", key, start, &res);
-        let out = res.map_err(|e| convert("CompleteMultipartUpload", key, e))?;
+        let out = res.map_err(|e| {
+            self.note_unsupported(cond, convert("CompleteMultipartUpload", key, e))
+        })?;
         Ok(out.e_tag().unwrap_or_default().to_string())
     }
 
@@ -613,6 +651,42 @@ impl S3Client {
         log_outcome("AbortMultipartUpload", key, start, &res);
         res.map(|_| ())
             .map_err(|e| convert("AbortMultipartUpload", key, e))
+    }
+
+    /// The condition to send: none once the server has refused conditional writes.
+    fn usable(&self, cond: &Condition) -> Condition {
+        if self.no_conditional_writes.load(std::sync::atomic::Ordering::Relaxed) {
+            Condition::None
+        } else {
+            cond.clone()
+        }
+    }
+
+    /// A server that does not implement conditional writes answers 501 NotImplemented: remember
+    /// it (later writes go unconditionally, WARN once) and fail this write with `Unsupported`,
+    /// which the caller may retry.
+    fn note_unsupported(&self, cond: &Condition, e: S3Error) -> S3Error {
+        let refused = *cond != Condition::None
+            && (e.status == Some(501) || e.code.as_deref() == Some("NotImplemented"));
+        if !refused {
+            return e;
+        }
+        if !self
+            .no_conditional_writes
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(key = %e.key, error = %e, "the server does not support conditional writes (If-None-Match / If-Match); writes from now on cannot detect a concurrent writer");
+        }
+        S3Error {
+            kind: S3ErrorKind::Unsupported,
+            ..e
+        }
+    }
+
+    /// Whether conditional writes are known to be refused by this server.
+    pub fn conditional_writes_refused(&self) -> bool {
+        self.no_conditional_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn declined_by_error<E>(&self, e: &SdkError<E, HttpResponse>) -> bool {
@@ -782,6 +856,15 @@ pub enum PutSource<'a> {
     Plain(&'a [u8]),
     /// The first `len` bytes of a registered buffer: RDMA unless `rdma=off`.
     Registered(&'a RegisteredBuffer, usize),
+    /// Bytes that lie at `offset` of a registration (a write-pool chunk): RDMA unless
+    /// `rdma=off`; over HTTP they are sent without a copy.
+    Window {
+        reg: &'a Arc<Registration>,
+        offset: usize,
+        bytes: bytes::Bytes,
+    },
+    /// Owned plain bytes (sent over HTTP without a copy).
+    Owned(bytes::Bytes),
 }
 
 impl PutSource<'_> {
@@ -789,13 +872,56 @@ impl PutSource<'_> {
         match self {
             PutSource::Plain(b) => b,
             PutSource::Registered(buf, len) => &buf.as_slice()[..*len],
+            PutSource::Window { bytes, .. } | PutSource::Owned(bytes) => bytes,
+        }
+    }
+
+    /// The bytes as an HTTP body: zero-copy for owned bytes, a copy otherwise.
+    fn body(&self) -> aws_sdk_s3::primitives::ByteStream {
+        let b = match self {
+            PutSource::Window { bytes, .. } | PutSource::Owned(bytes) => bytes.clone(),
+            other => bytes::Bytes::copy_from_slice(other.bytes()),
+        };
+        aws_sdk_s3::primitives::ByteStream::from(b)
+    }
+
+    /// The registration and offset an RDMA transfer may read the bytes from.
+    fn window(&self) -> Option<(&Arc<Registration>, usize)> {
+        match self {
+            PutSource::Registered(buf, _) => Some((buf.registration(), 0)),
+            PutSource::Window { reg, offset, .. } => Some((reg, *offset)),
+            _ => None,
         }
     }
 
     fn transport(&self, mode: RdmaMode) -> &'static str {
-        match (self, mode) {
-            (PutSource::Registered(..), RdmaMode::Auto | RdmaMode::Required) => "rdma",
+        match (self.window(), mode) {
+            (Some(_), RdmaMode::Auto | RdmaMode::Required) => "rdma",
             _ => "http",
+        }
+    }
+}
+
+/// The precondition of a write: what must be true of the key for the write to take effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// None: the write replaces whatever is there.
+    None,
+    /// `If-None-Match: *`: the key must not exist (a new file).
+    IfNoneMatch,
+    /// `If-Match: ETAG`: the key must still hold this version (an overwrite).
+    IfMatch(String),
+}
+
+impl Condition {
+    fn if_none_match(&self) -> Option<String> {
+        matches!(self, Condition::IfNoneMatch).then(|| "*".to_string())
+    }
+
+    fn if_match(&self) -> Option<String> {
+        match self {
+            Condition::IfMatch(e) => Some(e.clone()),
+            _ => None,
         }
     }
 }

@@ -1,0 +1,535 @@
+//! Writing a file: its bytes fill part-size chunks of the pinned, registered write pool; a full
+//! chunk is uploaded as a multipart part (RDMA or HTTP, with CRC64NVME) as soon as the next byte
+//! arrives, while the file is still being written, with at most `--upload-concurrency` parts in
+//! flight for the whole mount. Committing (close, fsync) uploads the last part and completes
+//! the upload; a file that never filled a part is one PutObject. Every failure aborts the
+//! multipart upload (after the parts in flight have ended, so none is left behind) and is
+//! returned by the next write and by the commit: nothing is ever stored under the key unless
+//! every byte was.
+//!
+//! Part sizes: parts 1–1000 are one block (`--write-part-size`), and the size doubles every
+//! 1000 parts up to the largest power-of-two run that leaves room for a second part in the pool
+//! (and at most 5 GiB), so that S3's 10,000-part limit allows very large files
+//! ([`Uploader::max_file_size`]).
+
+pub mod pool;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::s3::{Condition, ObjectInfo, PutSource, S3Client, S3Error, S3ErrorKind};
+use pool::{Chunk, WritePool};
+
+/// S3's limit on the parts of one upload.
+pub const MAX_PARTS: i32 = 10_000;
+/// Parts of one size before the size doubles.
+pub const PARTS_PER_SIZE: i32 = 1_000;
+/// S3's largest part.
+pub const MAX_PART_BYTES: u64 = 5 << 30;
+/// S3's smallest part (but the last).
+pub const MIN_PART_BYTES: u64 = 5 << 20;
+
+/// Counters, readable by the user.
+#[derive(Debug, Default)]
+pub struct UploadStats {
+    pub objects_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub parts_uploaded: AtomicU64,
+    pub uploads_failed: AtomicU64,
+    pub uploads_aborted: AtomicU64,
+    pub parts_in_flight: AtomicU64,
+}
+
+/// What every file being written shares: the pool, the upload slots, the client.
+pub struct Uploader {
+    s3: S3Client,
+    rt: Handle,
+    pool: Arc<WritePool>,
+    permits: Arc<Semaphore>,
+    max_blocks: usize,
+    pub stats: UploadStats,
+}
+
+impl Uploader {
+    pub fn new(s3: S3Client, rt: Handle, pool: Arc<WritePool>, concurrency: usize) -> Self {
+        let block = pool.block_size() as u64;
+        let mut max_blocks = 1usize;
+        while max_blocks * 2 <= (pool.blocks() / 2).max(1)
+            && (max_blocks as u64 * 2) * block <= MAX_PART_BYTES
+        {
+            max_blocks *= 2;
+        }
+        Uploader {
+            s3,
+            rt,
+            pool,
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            max_blocks,
+            stats: UploadStats::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &Arc<WritePool> {
+        &self.pool
+    }
+
+    /// Blocks in part `n` (1-based).
+    pub fn blocks_for_part(&self, n: i32) -> usize {
+        let doublings = ((n.max(1) - 1) / PARTS_PER_SIZE).min(30) as u32;
+        (1usize << doublings).min(self.max_blocks)
+    }
+
+    /// The largest file this mount can write: 10,000 parts of the growing sizes.
+    pub fn max_file_size(&self) -> u64 {
+        let block = self.pool.block_size() as u64;
+        (1..=MAX_PARTS)
+            .map(|n| self.blocks_for_part(n) as u64 * block)
+            .sum()
+    }
+
+    /// Start writing `key` (nothing is sent until a part fills or the file is committed).
+    pub fn start(self: &Arc<Self>, key: &str, cond: Condition) -> Upload {
+        Upload {
+            up: self.clone(),
+            key: key.into(),
+            cond,
+            size: 0,
+            chunk: None,
+            fill: 0,
+            next_part: 1,
+            upload_id: None,
+            tasks: Vec::new(),
+            done: Vec::new(),
+            state: State::Open,
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        format!(
+            "objects_written={} bytes_written={} parts_uploaded={} parts_in_flight={} uploads_failed={} uploads_aborted={} write_waits={} write_overflow={}",
+            g(&s.objects_written),
+            g(&s.bytes_written),
+            g(&s.parts_uploaded),
+            g(&s.parts_in_flight),
+            g(&s.uploads_failed),
+            g(&s.uploads_aborted),
+            g(&self.pool.stats.waits),
+            g(&self.pool.stats.overflow),
+        )
+    }
+}
+
+/// Why a write or a commit failed.
+#[derive(Clone, Debug)]
+pub enum WriteError {
+    /// An S3 request failed (after its retries).
+    S3(S3Error),
+    /// `If-None-Match: *` failed: someone else created the key since this file was created.
+    Exists(S3Error),
+    /// `If-Match` failed: the object changed since this file was opened for writing.
+    Changed(S3Error),
+    /// A write somewhere other than the end: S3 objects are written front to back.
+    NotSequential { expected: u64, got: u64 },
+    /// Past the 10,000th part.
+    TooLarge { limit: u64 },
+    /// A write after the file was committed by fsync.
+    Committed,
+    /// No memory for a write buffer.
+    Memory(String),
+}
+
+impl WriteError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            WriteError::S3(e) => match e.kind {
+                S3ErrorKind::AccessDenied
+                | S3ErrorKind::BadCredentials
+                | S3ErrorKind::NoCredentials => libc::EACCES,
+                S3ErrorKind::Unsupported => libc::EOPNOTSUPP,
+                _ => libc::EIO,
+            },
+            WriteError::Exists(_) => libc::EEXIST,
+            WriteError::Changed(_) => libc::ESTALE,
+            WriteError::NotSequential { .. } => libc::EINVAL,
+            WriteError::TooLarge { .. } => libc::EFBIG,
+            WriteError::Committed => libc::EOPNOTSUPP,
+            WriteError::Memory(_) => libc::ENOMEM,
+        }
+    }
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::S3(e) => write!(f, "{e}"),
+            WriteError::Exists(e) => write!(f, "another client created the key while this file was written ({e}); nothing was stored"),
+            WriteError::Changed(e) => write!(f, "the object was replaced or deleted since this file was opened for writing ({e}); nothing was stored"),
+            WriteError::NotSequential { expected, got } => write!(f, "write at offset {got}, but S3 objects are written sequentially and the next byte is at {expected}; the upload is abandoned (write files front to back, e.g. without seeking back)"),
+            WriteError::TooLarge { limit } => write!(f, "file exceeds the largest object this mount can write ({limit} bytes = 10,000 parts); raise --write-part-size or --write-buffer-size"),
+            WriteError::Committed => write!(f, "the file was completed by fsync; S3 objects cannot be appended to, so write it again with O_TRUNC"),
+            WriteError::Memory(e) => write!(f, "no memory for a write buffer: {e}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum State {
+    Open,
+    Committed(ObjectInfo),
+    Failed(WriteError),
+}
+
+type PartResult = Result<(i32, String), S3Error>;
+
+/// One file being written.
+pub struct Upload {
+    up: Arc<Uploader>,
+    key: Arc<str>,
+    cond: Condition,
+    size: u64,
+    chunk: Option<Chunk>,
+    fill: usize,
+    next_part: i32,
+    upload_id: Option<Arc<str>>,
+    tasks: Vec<JoinHandle<PartResult>>,
+    done: Vec<(i32, String)>,
+    state: State,
+}
+
+impl Upload {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Bytes accepted so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The object this upload stored, once committed.
+    pub fn committed(&self) -> Option<&ObjectInfo> {
+        match &self.state {
+            State::Committed(info) => Some(info),
+            _ => None,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, State::Open)
+    }
+
+    /// Append `data`, which must start at the end of what was written.
+    pub async fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), WriteError> {
+        match &self.state {
+            State::Open => {}
+            State::Committed(_) => return Err(WriteError::Committed),
+            State::Failed(e) => return Err(e.clone()),
+        }
+        if offset != self.size {
+            let e = WriteError::NotSequential {
+                expected: self.size,
+                got: offset,
+            };
+            return Err(self.fail(e).await);
+        }
+        if let Err(e) = self.reap().await {
+            return Err(self.fail(e).await);
+        }
+        let mut rest = data;
+        while !rest.is_empty() {
+            if self.chunk.as_ref().is_some_and(|c| self.fill == c.capacity()) {
+                if let Err(e) = self.submit().await {
+                    return Err(self.fail(e).await);
+                }
+            }
+            if self.chunk.is_none() {
+                if self.next_part > MAX_PARTS {
+                    let e = WriteError::TooLarge {
+                        limit: self.up.max_file_size(),
+                    };
+                    return Err(self.fail(e).await);
+                }
+                let k = self.up.blocks_for_part(self.next_part);
+                match self.up.pool.take(k).await {
+                    Ok(c) => self.chunk = Some(c),
+                    Err(e) => return Err(self.fail(WriteError::Memory(e)).await),
+                }
+                self.fill = 0;
+            }
+            let Some(chunk) = self.chunk.as_mut() else {
+                continue;
+            };
+            let n = rest.len().min(chunk.capacity() - self.fill);
+            chunk.as_mut_slice()[self.fill..self.fill + n].copy_from_slice(&rest[..n]);
+            self.fill += n;
+            self.size += n as u64;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+
+    /// Send the current chunk as the next part (starting the multipart upload first).
+    async fn submit(&mut self) -> Result<(), WriteError> {
+        let upload_id = match &self.upload_id {
+            Some(id) => id.clone(),
+            None => {
+                let id: Arc<str> = self
+                    .up
+                    .s3
+                    .create_multipart(&self.key)
+                    .await
+                    .map_err(WriteError::S3)?
+                    .into();
+                debug!(key = %self.key, upload_id = %id, "multipart upload started");
+                self.upload_id = Some(id.clone());
+                id
+            }
+        };
+        let Some(chunk) = self.chunk.take() else {
+            return Ok(());
+        };
+        let part = chunk.into_part(self.fill);
+        self.fill = 0;
+        let n = self.next_part;
+        self.next_part += 1;
+        let (s3, key, permits) = (
+            self.up.s3.clone(),
+            self.key.clone(),
+            self.up.permits.clone(),
+        );
+        let up = self.up.clone();
+        self.tasks.push(self.up.rt.spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            up.stats.parts_in_flight.fetch_add(1, Ordering::Relaxed);
+            let r = s3.upload_part(&key, &upload_id, n, part.source()).await;
+            up.stats.parts_in_flight.fetch_sub(1, Ordering::Relaxed);
+            if r.is_ok() {
+                up.stats.parts_uploaded.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(part);
+            r.map(|etag| (n, etag))
+        }));
+        Ok(())
+    }
+
+    /// Collect the parts that have finished; the first failure is returned.
+    async fn reap(&mut self) -> Result<(), WriteError> {
+        let mut i = 0;
+        while i < self.tasks.len() {
+            if self.tasks[i].is_finished() {
+                let t = self.tasks.swap_remove(i);
+                self.done.push(join(t).await.map_err(WriteError::S3)?);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for every part in flight; the first failure is returned (after all have ended).
+    async fn drain(&mut self) -> Result<(), WriteError> {
+        let mut first = None;
+        for t in std::mem::take(&mut self.tasks) {
+            match join(t).await {
+                Ok(p) => self.done.push(p),
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(WriteError::S3(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Give up: wait for the parts in flight, abort the multipart upload, remember `e`.
+    async fn fail(&mut self, e: WriteError) -> WriteError {
+        let _ = self.drain().await;
+        self.chunk = None;
+        if let Some(id) = self.upload_id.take() {
+            abort(&self.up, &self.key, &id).await;
+        }
+        self.up.stats.uploads_failed.fetch_add(1, Ordering::Relaxed);
+        warn!(key = %self.key, size = self.size, error = %e, "write failed; nothing was stored under the key");
+        self.state = State::Failed(e.clone());
+        e
+    }
+
+    /// Store the file: the last part and CompleteMultipartUpload, or one PutObject. Returns
+    /// what was stored; committing again returns the same (or the same error).
+    pub async fn commit(&mut self) -> Result<ObjectInfo, WriteError> {
+        match &self.state {
+            State::Open => {}
+            State::Committed(info) => return Ok(info.clone()),
+            State::Failed(e) => return Err(e.clone()),
+        }
+        let stored = match self.upload_id.clone() {
+            None => {
+                let chunk = self.chunk.take();
+                let part = chunk.map(|c| c.into_part(self.fill));
+                let src = match &part {
+                    Some(p) => p.source(),
+                    None => PutSource::Plain(&[]),
+                };
+                self.up.s3.put_object_if(&self.key, src, &self.cond).await
+            }
+            Some(id) => {
+                if self.fill > 0 {
+                    if let Err(e) = self.submit().await {
+                        return Err(self.fail(e).await);
+                    }
+                }
+                if let Err(e) = self.drain().await {
+                    return Err(self.fail(e).await);
+                }
+                self.done.sort_unstable_by_key(|(n, _)| *n);
+                self.up
+                    .s3
+                    .complete_multipart_if(&self.key, &id, &self.done, &self.cond)
+                    .await
+            }
+        };
+        match stored {
+            Ok(etag) => {
+                self.upload_id = None;
+                let info = ObjectInfo {
+                    key: self.key.to_string(),
+                    size: self.size,
+                    etag,
+                    last_modified: SystemTime::now(),
+                };
+                self.up.stats.objects_written.fetch_add(1, Ordering::Relaxed);
+                self.up
+                    .stats
+                    .bytes_written
+                    .fetch_add(self.size, Ordering::Relaxed);
+                debug!(key = %self.key, size = self.size, parts = self.done.len(), "object stored");
+                self.state = State::Committed(info.clone());
+                Ok(info)
+            }
+            Err(e) => {
+                let e = match (&self.cond, e.kind) {
+                    (Condition::IfNoneMatch, S3ErrorKind::PreconditionFailed) => {
+                        WriteError::Exists(e)
+                    }
+                    (Condition::IfMatch(_), S3ErrorKind::PreconditionFailed) => {
+                        WriteError::Changed(e)
+                    }
+                    _ => WriteError::S3(e),
+                };
+                Err(self.fail(e).await)
+            }
+        }
+    }
+
+    /// Abandon the file (nothing is stored): for a handle dropped without a commit.
+    pub async fn abandon(&mut self) {
+        if self.is_open() {
+            let _ = self.drain().await;
+            self.chunk = None;
+            if let Some(id) = self.upload_id.take() {
+                abort(&self.up, &self.key, &id).await;
+            }
+            self.state = State::Failed(WriteError::S3(S3Error::new(
+                S3ErrorKind::Other,
+                "Write",
+                &self.key,
+                "abandoned",
+            )));
+        }
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        // A multipart upload must never be left behind: abort it once its parts have ended.
+        if let Some(id) = self.upload_id.take() {
+            let (up, key, tasks) = (
+                self.up.clone(),
+                self.key.clone(),
+                std::mem::take(&mut self.tasks),
+            );
+            self.up.rt.spawn(async move {
+                for t in tasks {
+                    let _ = t.await;
+                }
+                abort(&up, &key, &id).await;
+            });
+        }
+    }
+}
+
+async fn join(t: JoinHandle<PartResult>) -> PartResult {
+    t.await.unwrap_or_else(|e| {
+        Err(S3Error::new(
+            S3ErrorKind::Other,
+            "UploadPart",
+            "",
+            format!("upload task ended: {e}"),
+        ))
+    })
+}
+
+/// AbortMultipartUpload, retried (by the client) like any request; a failure is logged with
+/// what the user can do about the orphan.
+async fn abort(up: &Uploader, key: &str, upload_id: &str) {
+    match up.s3.abort_multipart(key, upload_id).await {
+        Ok(()) => {
+            up.stats.uploads_aborted.fetch_add(1, Ordering::Relaxed);
+            debug!(key, upload_id, "multipart upload aborted");
+        }
+        Err(e) => warn!(
+            key,
+            upload_id,
+            error = %e,
+            "cannot abort the multipart upload; its parts stay billed until aborted (aws s3api abort-multipart-upload) or removed by a bucket lifecycle rule"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_sizes_grow_to_reach_large_files() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let s3 = rt.block_on(S3Client::new(&crate::s3::S3Options {
+            bucket: "b".into(),
+            endpoint_url: Some("http://127.0.0.1:1".into()),
+            max_attempts: 1,
+            no_sign_request: true,
+            ..Default::default()
+        }));
+        let pool = Arc::new(WritePool::new(16 << 20, 16, false).unwrap());
+        let up = Uploader::new(s3.clone(), rt.handle().clone(), pool, 4);
+        assert_eq!(up.blocks_for_part(1), 1);
+        assert_eq!(up.blocks_for_part(1000), 1);
+        assert_eq!(up.blocks_for_part(1001), 2);
+        assert_eq!(up.blocks_for_part(3001), 8);
+        // Capped at half the pool: 8 blocks of 16 MiB.
+        assert_eq!(up.blocks_for_part(9000), 8);
+        let gib = up.max_file_size() >> 30;
+        assert!((980..=990).contains(&gib), "{gib} GiB");
+        // A pool of two blocks cannot grow parts: 10,000 × the part size.
+        let small = Uploader::new(
+            s3,
+            rt.handle().clone(),
+            Arc::new(WritePool::new(8 << 20, 2, false).unwrap()),
+            1,
+        );
+        assert_eq!(small.max_file_size(), 10_000 * (8 << 20));
+    }
+}
