@@ -6,6 +6,7 @@
 //!   sdk_bench ENDPOINT BUCKET files PREFIX STREAMS
 //!   sdk_bench ENDPOINT BUCKET put KEY SIZE               (fills the benchmark bucket)
 //!   sdk_bench ENDPOINT BUCKET put-files PREFIX COUNT SIZE STREAMS
+//!   sdk_bench ENDPOINT BUCKET upload KEY SIZE PART_SIZE STREAMS   (timed multipart upload)
 //!
 //! Prints `MiB/s` (for put modes: nothing). Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 
@@ -177,6 +178,68 @@ async fn main() {
                 .send()
                 .await
                 .expect("PUT");
+            return;
+        }
+        "upload" => {
+            // The SDK's own multipart upload of bytes already in memory: the write ceiling.
+            let key = arg(&args, 4);
+            let size: usize = arg(&args, 5).parse().expect("size");
+            let part: usize = arg(&args, 6).parse().expect("part size");
+            let streams: usize = arg(&args, 7).parse().expect("streams");
+            let data = bytes::Bytes::from(pseudo_random(size, 3));
+            let start = Instant::now();
+            let id = c
+                .create_multipart_upload()
+                .bucket(&bucket)
+                .key(&key)
+                .send()
+                .await
+                .expect("create")
+                .upload_id()
+                .expect("upload id")
+                .to_string();
+            let sem = Arc::new(Semaphore::new(streams));
+            let mut tasks = Vec::new();
+            for (i, off) in (0..size).step_by(part).enumerate() {
+                let (c, b, k, id, sem) = (c.clone(), bucket.clone(), key.clone(), id.clone(), sem.clone());
+                let body = data.slice(off..(off + part).min(size));
+                tasks.push(tokio::spawn(async move {
+                    let _p = sem.acquire().await;
+                    let n = i as i32 + 1;
+                    let out = c
+                        .upload_part()
+                        .bucket(&b)
+                        .key(&k)
+                        .upload_id(&id)
+                        .part_number(n)
+                        .body(body.into())
+                        .send()
+                        .await
+                        .expect("part");
+                    aws_sdk_s3::types::CompletedPart::builder()
+                        .part_number(n)
+                        .e_tag(out.e_tag().unwrap_or_default())
+                        .build()
+                }));
+            }
+            let mut parts = Vec::new();
+            for t in tasks {
+                parts.push(t.await.expect("task"));
+            }
+            c.complete_multipart_upload()
+                .bucket(&bucket)
+                .key(&key)
+                .upload_id(&id)
+                .multipart_upload(
+                    aws_sdk_s3::types::CompletedMultipartUpload::builder()
+                        .set_parts(Some(parts))
+                        .build(),
+                )
+                .send()
+                .await
+                .expect("complete");
+            let secs = start.elapsed().as_secs_f64();
+            println!("{:.1}", size as f64 / (1 << 20) as f64 / secs);
             return;
         }
         "put-files" => {

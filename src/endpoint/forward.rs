@@ -45,10 +45,16 @@ impl_s3_forwarding! {
         ) -> s3s::S3Result<s3s::S3Response<s3s::dto::UploadPartOutput>> {
             self.upload_part_rdma(req).await
         }
+
+        async fn complete_multipart_upload(
+            &self,
+            req: s3s::S3Request<s3s::dto::CompleteMultipartUploadInput>,
+        ) -> s3s::S3Result<s3s::S3Response<s3s::dto::CompleteMultipartUploadOutput>> {
+            self.complete_multipart_faulty(req).await
+        }
     }
     forward {
         abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput,
-        complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput,
         copy_object: CopyObjectInput => CopyObjectOutput,
         create_bucket: CreateBucketInput => CreateBucketOutput,
         create_bucket_metadata_table_configuration: CreateBucketMetadataTableConfigurationInput => CreateBucketMetadataTableConfigurationOutput,

@@ -9,11 +9,14 @@
 //! validates `x-amz-checksum-crc64nvme` against the bytes it moved, and answers as a real
 //! endpoint does: empty body, `x-amz-rdma-reply`, `x-amz-rdma-bytes-transferred`.
 //!
-//! Faults for tests: a file (`--fault-file`) holding `MODE [COUNT]` makes the next COUNT RDMA
-//! requests (all, without COUNT) misbehave: `decline` (reply 501), `ignore` (act as plain S3,
-//! token ignored), `corrupt` (flip a byte of the transfer), `short` (move one byte less),
-//! `throttle` (503 SlowDown), `delay:MS` (wait, then serve), `drop` (fail the request with no
-//! RDMA headers, as a cut connection would look after retries), or `none`.
+//! Faults for tests: a file (`--fault-file`) holding `MODE [COUNT] [op=OP] [after=N]` makes the
+//! next COUNT RDMA requests (all, without COUNT) misbehave: `decline` (reply 501), `ignore` (act
+//! as plain S3, token ignored), `corrupt` (flip a byte of the transfer), `short` (move one byte
+//! less), `throttle` (503 SlowDown), `error` (500 InternalError), `delay:MS` (wait, then serve),
+//! `drop` (fail the request with no RDMA headers, as a cut connection would look after
+//! retries), or `none`. `op=` (GetObject, PutObject, UploadPart, CompleteMultipartUpload)
+//! narrows the fault to that operation and extends it to plain requests (where `throttle`,
+//! `error`, `drop` and `delay` apply); `after=N` lets the first N matching requests through.
 
 mod forward;
 
@@ -21,14 +24,19 @@ mod forward;
 /// request through unchanged), forward it with the bytes as the body, answer with the RDMA
 /// reply headers.
 macro_rules! rdma_upload_handler {
-    ($name:ident, $op:ident, $input:ident, $output:ident) => {
+    ($name:ident, $op:ident, $opname:literal, $input:ident, $output:ident) => {
         async fn $name(
             &self,
             mut req: S3Request<s3s::dto::$input>,
         ) -> S3Result<S3Response<s3s::dto::$output>> {
             let crc = req.input.checksum_crc64nvme.clone();
             let pulled = self
-                .pull_payload(&mut req.headers, req.input.content_length, crc.as_deref())
+                .pull_payload(
+                    $opname,
+                    &mut req.headers,
+                    req.input.content_length,
+                    crc.as_deref(),
+                )
                 .await?;
             let Some(data) = pulled else {
                 return s3s::S3::$op(&self.proxy, req).await;
@@ -67,6 +75,7 @@ pub enum Fault {
     Throttle,
     Delay(u64),
     Drop,
+    Error,
 }
 
 impl Fault {
@@ -79,6 +88,7 @@ impl Fault {
             "short" => Fault::Short,
             "throttle" => Fault::Throttle,
             "drop" => Fault::Drop,
+            "error" => Fault::Error,
             d if d.starts_with("delay:") => Fault::Delay(
                 d[6..]
                     .parse()
@@ -197,8 +207,9 @@ impl Endpoint {
         }
     }
 
-    /// The fault for this RDMA request, from the fault file.
-    fn next_fault(&self) -> Fault {
+    /// The fault for this request (operation `op`, carrying an RDMA token or not), from the
+    /// fault file.
+    fn next_fault(&self, op: &str, rdma: bool) -> Fault {
         let Some(path) = &self.fault_file else {
             return Fault::None;
         };
@@ -208,8 +219,8 @@ impl Endpoint {
         if st.0 != text {
             *st = (text.clone(), 0);
         }
-        let mut parts = text.split_whitespace();
-        let Some(mode) = parts.next() else {
+        let mut words = text.split_whitespace();
+        let Some(mode) = words.next() else {
             return Fault::None;
         };
         let fault = match Fault::parse(mode) {
@@ -219,13 +230,53 @@ impl Endpoint {
                 return Fault::None;
             }
         };
-        if let Some(limit) = parts.next().and_then(|c| c.parse::<u64>().ok()) {
-            if st.1 >= limit {
-                return Fault::None;
+        let (mut count, mut only, mut after) = (u64::MAX, None, 0u64);
+        for w in words {
+            if let Some(o) = w.strip_prefix("op=") {
+                only = Some(o);
+            } else if let Some(n) = w.strip_prefix("after=") {
+                after = n.parse().unwrap_or(0);
+            } else if let Ok(n) = w.parse() {
+                count = n;
             }
         }
+        let matches = match only {
+            Some(o) => o == op,
+            None => rdma,
+        };
+        if !matches {
+            return Fault::None;
+        }
         st.1 += 1;
+        if st.1 <= after || st.1 - after > count {
+            return Fault::None;
+        }
+        tracing::info!(op, ?fault, "injecting a fault");
         fault
+    }
+
+    /// The faults that apply to a plain (token-less) request.
+    async fn plain_fault(&self, op: &str) -> S3Result<()> {
+        match self.next_fault(op, false) {
+            Fault::Throttle => Err(s3_error!(SlowDown, "throttled (fault injection)")),
+            Fault::Error => Err(s3_error!(InternalError, "internal error (fault injection)")),
+            Fault::Drop => Err(transfer_failed(
+                "connection dropped (fault injection)".into(),
+            )),
+            Fault::Delay(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) async fn complete_multipart_faulty(
+        &self,
+        req: S3Request<s3s::dto::CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<s3s::dto::CompleteMultipartUploadOutput>> {
+        self.plain_fault("CompleteMultipartUpload").await?;
+        s3s::S3::complete_multipart_upload(&self.proxy, req).await
     }
 
     /// The request's loopback token, if it carries one. A token that is malformed, or whose
@@ -301,12 +352,14 @@ impl Endpoint {
     ) -> S3Result<S3Response<s3s::dto::GetObjectOutput>> {
         let Some(tok) = Self::token(&req.headers)? else {
             self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
+            self.plain_fault("GetObject").await?;
             return s3s::S3::get_object(&self.proxy, req).await;
         };
         req.headers.remove(TOKEN_HEADER);
-        let fault = self.next_fault();
+        let fault = self.next_fault("GetObject", true);
         match fault {
             Fault::Throttle => return Err(s3_error!(SlowDown, "throttled (fault injection)")),
+            Fault::Error => return Err(s3_error!(InternalError, "internal error (fault injection)")),
             Fault::Drop => {
                 return Err(transfer_failed(
                     "connection dropped (fault injection)".into(),
@@ -364,12 +417,14 @@ impl Endpoint {
     /// against the checksum the client signed. `None`: pass the request through unchanged.
     async fn pull_payload(
         &self,
+        op: &str,
         headers: &mut HeaderMap,
         content_length: Option<i64>,
         crc64nvme: Option<&str>,
     ) -> S3Result<Option<Vec<u8>>> {
         let Some(tok) = Self::token(headers)? else {
             self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
+            self.plain_fault(op).await?;
             return Ok(None);
         };
         headers.remove(TOKEN_HEADER);
@@ -379,9 +434,10 @@ impl Endpoint {
                 "an RDMA PUT must have an empty body (Content-Length: 0)"
             ));
         }
-        let fault = self.next_fault();
+        let fault = self.next_fault(op, true);
         match fault {
             Fault::Throttle => return Err(s3_error!(SlowDown, "throttled (fault injection)")),
+            Fault::Error => return Err(s3_error!(InternalError, "internal error (fault injection)")),
             Fault::Drop => {
                 return Err(transfer_failed(
                     "connection dropped (fault injection)".into(),
@@ -420,10 +476,17 @@ impl Endpoint {
     }
 
     // PutObject and UploadPart: the same payload move, for two input types.
-    rdma_upload_handler!(put_object_rdma, put_object, PutObjectInput, PutObjectOutput);
+    rdma_upload_handler!(
+        put_object_rdma,
+        put_object,
+        "PutObject",
+        PutObjectInput,
+        PutObjectOutput
+    );
     rdma_upload_handler!(
         upload_part_rdma,
         upload_part,
+        "UploadPart",
         UploadPartInput,
         UploadPartOutput
     );

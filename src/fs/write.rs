@@ -5,7 +5,8 @@
 //! bytes written so far, `readdir` lists it, other clients see the old version (or nothing).
 //! The commit happens at the `close` (flush) by the process that opened the file — so its
 //! error is `close`'s — or at `fsync`, or at the last release when only other processes (a
-//! forked child) still held it.
+//! forked child) still held it, or when nothing had been written at that close (an empty file,
+//! or a shell redirection's first close).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -217,6 +218,13 @@ impl S3Fs {
             debug!(fh, "close by another process than the opener: not committing yet");
             return Ok(());
         }
+        // A shell redirection (`cmd > file`) opens the file, dup2()s it and closes the first
+        // descriptor before anything is written: that close must not store an empty object.
+        // An empty file is stored at its last release instead.
+        if w.writing.stat().size == 0 {
+            debug!(fh, "close before any write: committing at release");
+            return Ok(());
+        }
         self.commit(*ino, w)
     }
 
@@ -242,22 +250,22 @@ impl S3Fs {
         let mut up = self.rt.block_on(w.upload.lock());
         let was_open = up.is_open();
         let result = self.rt.block_on(up.commit());
-        if was_open {
-            {
-                let mut map = self.lock_writing();
-                if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, &w.writing)) {
-                    map.remove(&ino);
-                }
+        {
+            // Stored or failed, the file is no longer being written.
+            let mut map = self.lock_writing();
+            if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, &w.writing)) {
+                map.remove(&ino);
             }
-            if let Some(inode) = self.inodes.get(ino) {
-                match &result {
-                    Ok(info) => {
-                        let now = Instant::now();
-                        inode.set_stat_asked(Stat::from(info), self.ttl_from(now), now);
-                        inode.forget_opened();
-                    }
-                    Err(_) => inode.invalidate(),
+        }
+        if let Some(inode) = self.inodes.get(ino) {
+            match &result {
+                Ok(info) if was_open => {
+                    let now = Instant::now();
+                    inode.set_stat_asked(Stat::from(info), self.ttl_from(now), now);
+                    inode.forget_opened();
                 }
+                Ok(_) => {}
+                Err(_) => inode.invalidate(),
             }
         }
         result
