@@ -230,7 +230,10 @@ impl Upload {
     pub async fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), WriteError> {
         match &self.state {
             State::Open => {}
-            State::Committed(_) => return Err(WriteError::Committed),
+            State::Committed(_) => {
+                warn!(key = %self.key, offset, "{}", WriteError::Committed);
+                return Err(WriteError::Committed);
+            }
             State::Failed(e) => return Err(e.clone()),
         }
         if offset != self.size {

@@ -8,3 +8,4 @@ mod rdma;
 mod read;
 mod semantics;
 mod startup;
+mod write;

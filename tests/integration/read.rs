@@ -158,10 +158,10 @@ fn object_deleted_while_open() {
 
 // [S-WRITE-EROFS]
 #[test]
-fn writes_are_refused_with_erofs() {
+fn a_read_only_mount_refuses_writes_with_erofs() {
     let b = bucket("rofs");
     put(&b, "f", b"x".to_vec());
-    let m = Mount::new(&b, &[]);
+    let m = Mount::new(&b, &["--read-only"]);
     let erofs =
         |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
     erofs(std::fs::write(m.join("new"), b"y"));
@@ -174,6 +174,13 @@ fn writes_are_refused_with_erofs() {
     erofs(std::fs::create_dir(m.join("d")));
     erofs(std::fs::remove_file(m.join("f")));
     erofs(std::fs::rename(m.join("f"), m.join("g")));
+    erofs(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(m.join("f"))
+            .map(|_| ()),
+    );
     assert_eq!(std::fs::read(m.join("f")).unwrap(), b"x");
 }
 
