@@ -84,21 +84,24 @@ pub fn run(settings: Settings) -> ! {
         block_size = settings.fs.read.part_size,
         "page cache ready"
     );
-    let pool = match WritePool::new(
-        settings.write_part_size as usize,
-        (settings.write_buffer_size / settings.write_part_size) as usize,
-        s3.rdma_mode() != crate::s3::RdmaMode::Off,
-    ) {
-        Ok(p) => Arc::new(p),
-        Err(msg) => readiness.fail(&msg),
-    };
-    let uploader = Arc::new(Uploader::new(
-        s3.clone(),
-        rt.handle().clone(),
-        pool.clone(),
-        settings.upload_concurrency,
-    ));
-    if !settings.read_only {
+    // A read-only mount has no write buffers at all.
+    let uploader = if settings.read_only {
+        None
+    } else {
+        let pool = match WritePool::new(
+            settings.write_part_size as usize,
+            (settings.write_buffer_size / settings.write_part_size) as usize,
+            s3.rdma_mode() != crate::s3::RdmaMode::Off,
+        ) {
+            Ok(p) => Arc::new(p),
+            Err(msg) => readiness.fail(&msg),
+        };
+        let uploader = Arc::new(Uploader::new(
+            s3.clone(),
+            rt.handle().clone(),
+            pool.clone(),
+            settings.upload_concurrency,
+        ));
         info!(
             bytes = settings.write_buffer_size,
             part_size = settings.write_part_size,
@@ -107,7 +110,8 @@ pub fn run(settings: Settings) -> ! {
             max_file_size = uploader.max_file_size(),
             "write buffers ready"
         );
-    }
+        Some(uploader)
+    };
     let notifier = Arc::new(OnceLock::new());
     let fs = S3Fs::new(
         rt.handle().clone(),
@@ -166,12 +170,8 @@ pub fn run(settings: Settings) -> ! {
     let summary = {
         let (stats, cache, uploader) = (stats.clone(), cache.clone(), uploader.clone());
         move || {
-            format!(
-                "{} {} {}",
-                stats.summary(),
-                cache.stats.summary(),
-                uploader.summary()
-            )
+            let writes = uploader.as_ref().map(|u| u.summary()).unwrap_or_default();
+            format!("{} {} {writes}", stats.summary(), cache.stats.summary())
         }
     };
     if let Some(path) = settings.stats_file.clone() {

@@ -84,7 +84,8 @@ pub struct S3Fs {
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     /// Files being written in this mount, by inode.
     writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
-    uploader: Arc<Uploader>,
+    /// None on a read-only mount (no write buffers at all).
+    uploader: Option<Arc<Uploader>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     next_fh: AtomicU64,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
@@ -109,7 +110,7 @@ impl S3Fs {
         root_prefix: &str,
         cfg: FsConfig,
         notifier: Arc<OnceLock<Notifier>>,
-        uploader: Arc<Uploader>,
+        uploader: Option<Arc<Uploader>>,
     ) -> Self {
         let negative = (!cfg.negative_ttl.is_zero()).then(|| {
             moka::sync::Cache::builder()
@@ -792,9 +793,13 @@ impl fuser::Filesystem for S3Fs {
         // "bucket size": what is used is what this mount has written since it was mounted.
         const BLOCKS: u64 = (1u64 << 50) / BLOCK_SIZE as u64;
         const FILES: u64 = 1 << 32;
-        let st = &self.uploader.stats;
-        let used = st.bytes_written.load(Ordering::Relaxed).div_ceil(BLOCK_SIZE as u64);
-        let files = st.objects_written.load(Ordering::Relaxed);
+        let (written, files) = self.uploader.as_ref().map_or((0, 0), |u| {
+            (
+                u.stats.bytes_written.load(Ordering::Relaxed),
+                u.stats.objects_written.load(Ordering::Relaxed),
+            )
+        });
+        let used = written.div_ceil(BLOCK_SIZE as u64);
         let free = BLOCKS.saturating_sub(used);
         reply.statfs(
             BLOCKS,

@@ -104,6 +104,9 @@ impl S3Fs {
         cond: Condition,
         pid: u32,
     ) -> FsResult<(u64, Arc<Writing>)> {
+        if self.uploader.is_none() {
+            return Err(Errno::EROFS);
+        }
         let writing = {
             let mut w = self.lock_writing();
             if w.contains_key(&inode.ino) {
@@ -114,7 +117,10 @@ impl S3Fs {
             w.insert(inode.ino, state.clone());
             state
         };
-        let upload = self.uploader.start(&inode.key, cond);
+        let Some(uploader) = &self.uploader else {
+            return Err(Errno::EROFS);
+        };
+        let upload = uploader.start(&inode.key, cond);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let file = WriteFile {
             opener: tgid_of(pid),

@@ -183,40 +183,58 @@ fn rss_kib(pid: u32) -> u64 {
 
 // [S-CACHE-MEMORY]
 #[test]
-fn daemon_memory_stays_within_the_cache_size() {
+fn daemon_memory_stays_within_the_cache_and_write_buffers() {
     let b = bucket("cache-rss");
-    let cache_mib = 64u64;
+    let (cache_mib, write_mib) = (64u64, 32u64);
     let data = pattern(256 << 20, 70);
     put(&b, "huge", data.clone());
-    let m = Mount::new(&b, &["--cache-size", "64MiB", "--read-part-size", "8MiB"]);
+    let m = Mount::new(
+        &b,
+        &[
+            "--cache-size",
+            "64MiB",
+            "--read-part-size",
+            "8MiB",
+            "--write-buffer-size",
+            "32MiB",
+        ],
+    );
     let pid = m.pid();
     let (done_tx, done_rx) = mpsc::channel();
-    let path = m.join("huge");
-    let reader = std::thread::spawn(move || {
-        let ok = read_all(&path) == data;
+    let (src, dst) = (m.join("huge"), m.join("copy"));
+    // Read 4x the cache, then write 8x the write buffers.
+    let worker = std::thread::spawn(move || {
+        let ok = read_all(&src) == data;
+        std::fs::write(&dst, &data).expect("write");
         let _ = done_tx.send(());
         ok
     });
     let mut peak = 0;
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(180);
     while done_rx.try_recv().is_err() && Instant::now() < deadline {
         peak = peak.max(rss_kib(pid));
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(reader.join().unwrap(), "content");
+    assert!(worker.join().unwrap(), "content");
     peak = peak.max(rss_kib(pid));
-    // The cache (pinned, so fully resident) plus a generous fixed overhead; reading 4x the
-    // cache size must not grow the daemon beyond it.
-    let bound = (cache_mib + 96) << 10;
+    // The cache and the write buffers (pinned, so fully resident) plus a generous fixed
+    // overhead; moving many times their size must not grow the daemon beyond it.
+    let pinned = cache_mib + write_mib;
+    let bound = (pinned + 96) << 10;
     eprintln!(
-        "daemon peak RSS {} MiB with a {cache_mib} MiB cache",
+        "daemon peak RSS {} MiB with a {cache_mib} MiB cache and {write_mib} MiB of write buffers",
         peak >> 10
     );
     assert!(
-        peak > cache_mib << 10,
-        "the pinned cache must be resident ({peak} KiB)"
+        peak > pinned << 10,
+        "the pinned cache and write buffers must be resident ({peak} KiB)"
     );
     assert!(peak < bound, "peak RSS {peak} KiB exceeds {bound} KiB");
+    assert_eq!(
+        backend_get(&b, "copy").map(|c| c.len()),
+        Some(256 << 20),
+        "written"
+    );
 }
 
 // [S-CACHE-STATS]
