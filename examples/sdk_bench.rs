@@ -7,6 +7,7 @@
 //!   sdk_bench ENDPOINT BUCKET put KEY SIZE               (fills the benchmark bucket)
 //!   sdk_bench ENDPOINT BUCKET put-files PREFIX COUNT SIZE STREAMS
 //!   sdk_bench ENDPOINT BUCKET upload KEY SIZE PART_SIZE STREAMS   (timed multipart upload)
+//!   sdk_bench ENDPOINT BUCKET make-bucket | drop-bucket      (drop: objects, uploads, bucket)
 //!
 //! Prints `MiB/s` (for put modes: nothing). Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 
@@ -240,6 +241,56 @@ async fn main() {
                 .expect("complete");
             let secs = start.elapsed().as_secs_f64();
             println!("{:.1}", size as f64 / (1 << 20) as f64 / secs);
+            return;
+        }
+        "make-bucket" => {
+            c.create_bucket()
+                .bucket(&bucket)
+                .send()
+                .await
+                .expect("CreateBucket");
+            return;
+        }
+        "drop-bucket" => {
+            loop {
+                let page = c
+                    .list_objects_v2()
+                    .bucket(&bucket)
+                    .send()
+                    .await
+                    .expect("list");
+                if page.contents().is_empty() {
+                    break;
+                }
+                for o in page.contents() {
+                    c.delete_object()
+                        .bucket(&bucket)
+                        .key(o.key().unwrap_or_default())
+                        .send()
+                        .await
+                        .expect("delete");
+                }
+            }
+            let ups = c
+                .list_multipart_uploads()
+                .bucket(&bucket)
+                .send()
+                .await
+                .expect("list uploads");
+            for u in ups.uploads() {
+                c.abort_multipart_upload()
+                    .bucket(&bucket)
+                    .key(u.key().unwrap_or_default())
+                    .upload_id(u.upload_id().unwrap_or_default())
+                    .send()
+                    .await
+                    .expect("abort");
+            }
+            c.delete_bucket()
+                .bucket(&bucket)
+                .send()
+                .await
+                .expect("DeleteBucket");
             return;
         }
         "put-files" => {
