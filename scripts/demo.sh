@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: start a local S3 server (SeaweedFS, loopback only), fill a bucket, mount it with
-# s3rdma, and read from it with plain tools. Cleans up after itself (unmounts, stops the server).
+# s3rdma, read from it and write to it with plain tools, and check the written bytes directly on
+# the server. Cleans up after itself (unmounts, stops the server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -54,6 +55,7 @@ for i in 1 2 3; do
 done
 s3 -T README.md "$endpoint/demo/docs/README.md"
 echo "a file with a space" | s3 -T - "$endpoint/demo/docs/notes%20and%20more.txt"
+s3 -X PUT --data-binary "" "$endpoint/demo/checkpoints/"   # a directory marker: an empty directory
 
 echo "== mounting demo at $mnt"
 "$bin" demo "$mnt" --endpoint-url "$endpoint" --force-path-style --log-file "$work/s3rdma.log"
@@ -71,6 +73,23 @@ echo "local  $want"
 echo "mount  $got"
 [ "$want" = "$got" ] || { echo "demo: checksum mismatch" >&2; exit 1; }
 python3 -c "print('read 64 MiB in %.2f s' % ($end - $start))"
+
+echo "== writing a 200 MiB checkpoint with cp (uploaded in 16 MiB parts while it is written)"
+head -c $((200 << 20)) /dev/urandom >"$work/model.pt"
+start=$(date +%s.%N)
+cp "$work/model.pt" "$mnt/checkpoints/model.pt"
+end=$(date +%s.%N)
+python3 -c "print('wrote 200 MiB in %.2f s' % ($end - $start))"
+echo "run 42: loss 0.173" >"$mnt/checkpoints/train-log.txt"
+ls -l "$mnt/checkpoints"
+want=$(sha256sum <"$work/model.pt" | cut -d' ' -f1)
+via_mount=$(sha256sum <"$mnt/checkpoints/model.pt" | cut -d' ' -f1)
+via_server=$(s3 "$endpoint/demo/checkpoints/model.pt" | sha256sum | cut -d' ' -f1)
+echo "local   $want"
+echo "mount   $via_mount"
+echo "server  $via_server"
+[ "$want" = "$via_mount" ] && [ "$want" = "$via_server" ] || { echo "demo: written checkpoint differs" >&2; exit 1; }
+[ "$(s3 "$endpoint/demo/checkpoints/train-log.txt")" = "run 42: loss 0.173" ] || { echo "demo: train-log.txt differs" >&2; exit 1; }
 echo "== unmounting"
 umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt"
 echo "demo: OK"

@@ -709,7 +709,10 @@ mod tests {
         let e = settings(&["s3rdma", "bkt", "/m", "-o", "upload_concurrency=0"]).unwrap_err();
         assert!(e.contains("upload concurrency"), "{e}");
         let s = settings(&["s3rdma", "bkt", "/m", "-o", "write_buffer_size=100M"]).unwrap();
-        assert_eq!((s.write_part_size, s.write_buffer_size), (16 << 20, 96 << 20));
+        assert_eq!(
+            (s.write_part_size, s.write_buffer_size),
+            (16 << 20, 96 << 20)
+        );
     }
 
     #[test]

@@ -359,7 +359,9 @@ impl Endpoint {
         let fault = self.next_fault("GetObject", true);
         match fault {
             Fault::Throttle => return Err(s3_error!(SlowDown, "throttled (fault injection)")),
-            Fault::Error => return Err(s3_error!(InternalError, "internal error (fault injection)")),
+            Fault::Error => {
+                return Err(s3_error!(InternalError, "internal error (fault injection)"))
+            }
             Fault::Drop => {
                 return Err(transfer_failed(
                     "connection dropped (fault injection)".into(),
@@ -437,7 +439,9 @@ impl Endpoint {
         let fault = self.next_fault(op, true);
         match fault {
             Fault::Throttle => return Err(s3_error!(SlowDown, "throttled (fault injection)")),
-            Fault::Error => return Err(s3_error!(InternalError, "internal error (fault injection)")),
+            Fault::Error => {
+                return Err(s3_error!(InternalError, "internal error (fault injection)"))
+            }
             Fault::Drop => {
                 return Err(transfer_failed(
                     "connection dropped (fault injection)".into(),

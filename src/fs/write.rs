@@ -53,7 +53,8 @@ impl Writing {
     pub fn stat(&self) -> Stat {
         Stat {
             size: self.size.load(Ordering::Relaxed),
-            mtime: UNIX_EPOCH + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
+            mtime: UNIX_EPOCH
+                + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
             etag: String::new(),
         }
     }
@@ -221,7 +222,10 @@ impl S3Fs {
             return Ok(());
         };
         if w.opener.is_some() && w.opener != tgid_of(pid) {
-            debug!(fh, "close by another process than the opener: not committing yet");
+            debug!(
+                fh,
+                "close by another process than the opener: not committing yet"
+            );
             return Ok(());
         }
         // A shell redirection (`cmd > file`) opens the file, dup2()s it and closes the first
@@ -274,9 +278,7 @@ impl S3Fs {
                 Err(_) => inode.invalidate(),
             }
         }
-        result
-            .map(|_| ())
-            .map_err(|e: WriteError| errno(e.errno()))
+        result.map(|_| ()).map_err(|e: WriteError| errno(e.errno()))
     }
 
     /// `truncate`/`ftruncate` of a file being written: only to its current size (e.g. 0 right
@@ -289,7 +291,12 @@ impl S3Fs {
         if size == now {
             return Ok(());
         }
-        warn!(ino, size, written = now, "a file being written can only be truncated to its current size");
+        warn!(
+            ino,
+            size,
+            written = now,
+            "a file being written can only be truncated to its current size"
+        );
         Err(Errno::EOPNOTSUPP)
     }
 }

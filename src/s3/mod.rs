@@ -83,6 +83,10 @@ pub struct S3Client {
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
     /// The server answered 501 to If-None-Match / If-Match on a write.
     no_conditional_writes: Arc<std::sync::atomic::AtomicBool>,
+    /// Upload bodies are covered by their signed CRC64NVME checksum instead of SigV4's SHA-256
+    /// of the payload (which costs more CPU than everything else an upload does): over HTTPS
+    /// and to loopback. Over plain HTTP to another host the payload stays signed.
+    unsigned_payload: bool,
 }
 
 impl S3Client {
@@ -150,6 +154,10 @@ impl S3Client {
             request_timeout: opts.request_timeout,
             credentials: sdk.credentials_provider(),
             no_conditional_writes: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            unsigned_payload: opts
+                .endpoint_url
+                .as_deref()
+                .is_none_or(|u| u.starts_with("https://") || crate::rdma::is_loopback_url(u)),
         }
     }
 
@@ -438,8 +446,14 @@ impl S3Client {
                 .set_if_match(cond.if_match())
                 .checksum_crc64_nvme(&crc)
                 .body(data.body())
-                .send()
-                .await;
+                .customize();
+            let res = if self.unsigned_payload {
+                res.disable_payload_signing()
+            } else {
+                res
+            }
+            .send()
+            .await;
             log_outcome("PutObject", key, start, &res);
             let out = res.map_err(|e| self.note_unsupported(cond, convert("PutObject", key, e)))?;
             TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
@@ -499,8 +513,14 @@ impl S3Client {
                 .part_number(part)
                 .checksum_crc64_nvme(&crc)
                 .body(data.body())
-                .send()
-                .await;
+                .customize();
+            let res = if self.unsigned_payload {
+                res.disable_payload_signing()
+            } else {
+                res
+            }
+            .send()
+            .await;
             log_outcome("UploadPart", key, start, &res);
             let out = res.map_err(|e| convert("UploadPart", key, e))?;
             TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
@@ -631,9 +651,8 @@ impl S3Client {
             .send()
             .await;
         log_outcome("CompleteMultipartUpload", key, start, &res);
-        let out = res.map_err(|e| {
-            self.note_unsupported(cond, convert("CompleteMultipartUpload", key, e))
-        })?;
+        let out = res
+            .map_err(|e| self.note_unsupported(cond, convert("CompleteMultipartUpload", key, e)))?;
         Ok(out.e_tag().unwrap_or_default().to_string())
     }
 
@@ -655,7 +674,10 @@ impl S3Client {
 
     /// The condition to send: none once the server has refused conditional writes.
     fn usable(&self, cond: &Condition) -> Condition {
-        if self.no_conditional_writes.load(std::sync::atomic::Ordering::Relaxed) {
+        if self
+            .no_conditional_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
             Condition::None
         } else {
             cond.clone()

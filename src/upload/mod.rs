@@ -248,7 +248,11 @@ impl Upload {
         }
         let mut rest = data;
         while !rest.is_empty() {
-            if self.chunk.as_ref().is_some_and(|c| self.fill == c.capacity()) {
+            if self
+                .chunk
+                .as_ref()
+                .is_some_and(|c| self.fill == c.capacity())
+            {
                 if let Err(e) = self.submit().await {
                     return Err(self.fail(e).await);
                 }
@@ -410,7 +414,10 @@ impl Upload {
                     etag,
                     last_modified: SystemTime::now(),
                 };
-                self.up.stats.objects_written.fetch_add(1, Ordering::Relaxed);
+                self.up
+                    .stats
+                    .objects_written
+                    .fetch_add(1, Ordering::Relaxed);
                 self.up
                     .stats
                     .bytes_written

@@ -54,8 +54,8 @@ impl WritePool {
     /// `blocks` blocks of `block_size` bytes; `register`: register the arena (and overflow
     /// chunks) for RDMA.
     pub fn new(block_size: usize, blocks: usize, register: bool) -> Result<WritePool, String> {
-        let arena = Arena::new(block_size, blocks, register)
-            .map_err(|e| format!("write buffers: {e}"))?;
+        let arena =
+            Arena::new(block_size, blocks, register).map_err(|e| format!("write buffers: {e}"))?;
         Ok(WritePool {
             arena,
             state: Mutex::new(PoolState {

@@ -338,7 +338,10 @@ fn statfs_reports_sane_values() {
     assert_eq!(st.f_bsize, 4096);
     assert_eq!(st.f_namemax, 255);
     assert!(st.f_blocks > 0 && st.f_bavail > 0 && st.f_files > 0);
-    assert!(st.f_flag & libc::ST_RDONLY == 0, "writable unless --read-only");
+    assert!(
+        st.f_flag & libc::ST_RDONLY == 0,
+        "writable unless --read-only"
+    );
     let df = Command::new("df").arg(&m.path).output().unwrap();
     assert!(df.status.success());
 }

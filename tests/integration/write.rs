@@ -161,8 +161,16 @@ fn files_of_0_1_one_part_and_one_part_plus_one_bytes() {
             // Stored at the last release, which the kernel sends just after close returns.
             wait_for_object(&b, name);
         }
-        assert_eq!(backend_get(&b, name).as_deref(), Some(&data[..]), "{name} on the server");
-        assert_eq!(std::fs::read(m.join(name)).unwrap(), data, "{name} through the mount");
+        assert_eq!(
+            backend_get(&b, name).as_deref(),
+            Some(&data[..]),
+            "{name} on the server"
+        );
+        assert_eq!(
+            std::fs::read(m.join(name)).unwrap(),
+            data,
+            "{name} through the mount"
+        );
         assert_eq!(std::fs::metadata(m.join(name)).unwrap().len(), len as u64);
     }
     // Up to one part: one PutObject each; above: multipart.
@@ -188,8 +196,15 @@ fn dd_with_block_sizes_from_4_kib_to_4_mib() {
             .arg("status=none")
             .output()
             .unwrap();
-        assert!(out.status.success(), "dd bs={bs}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(backend_get(&b, &format!("dd{bs}")).unwrap() == data, "dd bs={bs}");
+        assert!(
+            out.status.success(),
+            "dd bs={bs}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            backend_get(&b, &format!("dd{bs}")).unwrap() == data,
+            "dd bs={bs}"
+        );
     }
     let _ = std::fs::remove_file(&src);
 }
@@ -247,7 +262,10 @@ fn writers_wait_for_uploads_when_the_write_buffers_are_full_and_complete() {
         .collect();
     let datas: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     for (i, data) in datas.iter().enumerate() {
-        assert!(backend_get(&b, &format!("p{i}")).as_ref() == Some(data), "p{i}");
+        assert!(
+            backend_get(&b, &format!("p{i}")).as_ref() == Some(data),
+            "p{i}"
+        );
     }
     let log = m.stop();
     assert!(unmount_counter(&log, "write_waits") > 0, "writers waited");
@@ -265,11 +283,16 @@ fn a_failed_part_fails_close_and_leaves_no_object_and_no_upload() {
     std::fs::write(&ep.fault_file, "error 1000 op=UploadPart after=2\n").unwrap();
     let data = pattern(6 * PART, 9);
     let r = write_and_close(&m.join("f500"), &data, 1 << 20);
-    assert_eq!(errno_of(r), Some(libc::EIO), "write or close fails with EIO");
+    assert_eq!(
+        errno_of(r),
+        Some(libc::EIO),
+        "write or close fails with EIO"
+    );
     assert_eq!(backend_get(&b, "f500"), None, "no object");
     assert_eq!(open_uploads(&b), 0, "no orphan upload");
     assert!(
-        m.log_text().contains("write failed; nothing was stored under the key")
+        m.log_text()
+            .contains("write failed; nothing was stored under the key")
             && m.log_text().contains("key=f500"),
         "logged with the key"
     );
@@ -311,7 +334,11 @@ fn a_write_that_seeks_back_fails_and_stores_nothing() {
     f.write_all_at(&pattern(PART + 10, 1), 0).unwrap();
     let e = f.write_at(b"header", 0).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-    assert_eq!(errno_of(close(f)), Some(libc::EINVAL), "close repeats the error");
+    assert_eq!(
+        errno_of(close(f)),
+        Some(libc::EINVAL),
+        "close repeats the error"
+    );
     assert_eq!(backend_get(&b, "s"), None);
     assert_eq!(open_uploads(&b), 0);
     assert!(m.log_text().contains("written sequentially"));
@@ -359,7 +386,10 @@ fn overwrite_is_conditional_on_the_version_opened_and_visible_at_once() {
     // the hour-long metadata TTL and the kernel's pages of the old version.
     let v2 = pattern(PART + 100, 2);
     write_and_close(&m.join("f"), &v2, 1 << 20).unwrap();
-    assert_eq!(std::fs::metadata(m.join("f")).unwrap().len(), v2.len() as u64);
+    assert_eq!(
+        std::fs::metadata(m.join("f")).unwrap().len(),
+        v2.len() as u64
+    );
     assert!(std::fs::read(m.join("f")).unwrap() == v2);
     assert!(backend_get(&b, "f").unwrap() == v2);
     // Another client replaces it while this mount rewrites it: close fails with ESTALE.
@@ -414,7 +444,10 @@ fn a_reader_of_an_overwritten_file_keeps_its_version_or_fails_never_mixes() {
         match r.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                assert!(buf[..n] == v1[off..off + n], "bytes at {off} not of version 1");
+                assert!(
+                    buf[..n] == v1[off..off + n],
+                    "bytes at {off} not of version 1"
+                );
                 off += n;
             }
             Err(e) => {
@@ -424,7 +457,10 @@ fn a_reader_of_an_overwritten_file_keeps_its_version_or_fails_never_mixes() {
         }
     }
     drop(r);
-    assert!(std::fs::read(m.join("f")).unwrap() == v2, "a new open reads version 2");
+    assert!(
+        std::fs::read(m.join("f")).unwrap() == v2,
+        "a new open reads version 2"
+    );
 }
 
 // [S-WRITE-WHILE-WRITING]
@@ -470,7 +506,10 @@ fn fsync_stores_the_file_and_later_writes_fail_clearly() {
     let e = f.write_all(b"more").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
     close(f).unwrap();
-    assert!(backend_get(&b, "f").unwrap() == data, "what fsync stored stays");
+    assert!(
+        backend_get(&b, "f").unwrap() == data,
+        "what fsync stored stays"
+    );
     assert!(m.log_text().contains("completed by fsync"));
 }
 
@@ -500,7 +539,11 @@ fn shell_redirections_touch_and_df_du_work() {
         .args(["-c", &script])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(backend_get(&b, "a").unwrap(), b"hello\n");
     assert_eq!(backend_get(&b, "b").unwrap(), b"one\ntwo\n");
     assert_eq!(std::fs::read(m.join("b")).unwrap(), b"one\ntwo\n");
