@@ -94,7 +94,7 @@ fn sha_of_object(bucket: &str, key: &str) -> Vec<u8> {
         let mut body = out.body;
         let mut h = Sha256::new();
         while let Some(chunk) = body.next().await {
-            h.update(&chunk.expect("body"));
+            h.update(chunk.expect("body"));
         }
         h.finalize().to_vec()
     })
