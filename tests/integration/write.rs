@@ -319,9 +319,12 @@ fn a_failed_part_fails_close_and_leaves_no_object_and_no_upload() {
     for n in ["f500", "fdrop", "fcomplete", "fsmall"] {
         assert!(!m.join(n).exists(), "{n} still shown");
     }
-    // And the mount still writes.
+    // And the mount still writes, over loopback RDMA.
     write_and_close(&m.join("ok"), &data, 1 << 20).unwrap();
     assert!(backend_get(&b, "ok").unwrap() == data);
+    let log = m.stop();
+    assert!(unmount_counter(&log, "rdma_bytes_written") >= data.len() as u64);
+    assert!(unmount_counter(&log, "uploads_failed") >= 4);
 }
 
 // [S-WRITE-SEQUENTIAL]
@@ -468,7 +471,13 @@ fn a_reader_of_an_overwritten_file_keeps_its_version_or_fails_never_mixes() {
 fn a_file_being_written_is_listed_and_stats_its_size_and_is_busy_for_readers() {
     let b = bucket("during");
     let m = Mount::new(&b, &mount_args(&["--metadata-ttl", "0"]));
-    let mut f = std::fs::File::create(m.join("w")).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.join("w"))
+        .unwrap();
     f.write_all(&pattern(PART + 5, 1)).unwrap();
     assert_eq!(
         std::fs::metadata(m.join("w")).unwrap().len(),
@@ -489,6 +498,32 @@ fn a_file_being_written_is_listed_and_stats_its_size_and_is_busy_for_readers() {
         .open(m.join("w"))
         .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "one writer at a time");
+    // A writable shared mapping cannot be a sequential write: refused by the kernel.
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: mapping a descriptor we own; a failed mmap returns MAP_FAILED, no memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(p, libc::MAP_FAILED);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODEV)
+        );
+    }
+    // Reading back through the writer's own O_RDWR handle.
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        f.read(&mut byte).unwrap_err().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
     close(f).unwrap();
     assert_eq!(std::fs::read(m.join("w")).unwrap(), pattern(PART + 5, 1));
 }
