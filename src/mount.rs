@@ -156,8 +156,21 @@ pub fn run(settings: Settings) -> ! {
             _ = int.recv() => "SIGINT",
         };
         info!(signal = name, mountpoint = %shown, "unmounting");
-        if let Err(e) = unmounter.unmount() {
-            error!(error = %e, "unmount failed; unmount by hand with fusermount3 -u");
+        // A file closed just before the signal is released by the kernel a moment later;
+        // until then the mount is busy. Retry for a few seconds before giving up.
+        let mut tries = 0;
+        loop {
+            match unmounter.unmount() {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    error!(error = %e, "unmount failed (files still open?); unmount by hand with fusermount3 -u");
+                    break;
+                }
+            }
         }
     });
 
