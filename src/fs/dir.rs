@@ -95,6 +95,7 @@ mod tests {
             size,
             etag: "\"x\"".into(),
             last_modified: SystemTime::UNIX_EPOCH,
+            meta: None,
         }
     }
 

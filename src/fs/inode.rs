@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
 
-use crate::s3::ObjectInfo;
+use crate::s3::{FileMeta, ObjectInfo};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -22,8 +22,11 @@ pub enum Kind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
     pub size: u64,
+    /// S3's Last-Modified.
     pub mtime: SystemTime,
     pub etag: String,
+    /// Stored attributes; `None` = not known (from a listing).
+    pub meta: Option<FileMeta>,
 }
 
 impl From<&ObjectInfo> for Stat {
@@ -32,7 +35,29 @@ impl From<&ObjectInfo> for Stat {
             size: o.size,
             mtime: o.last_modified,
             etag: o.etag.clone(),
+            meta: o.meta.clone(),
         }
+    }
+}
+
+impl Stat {
+    /// Take `old`'s stored attributes if this is the same version of the object (same ETag
+    /// and Last-Modified to the second: a listing's time is finer than HEAD's) and this stat
+    /// does not know its own.
+    pub fn inherit(mut self, old: Option<&Stat>) -> Stat {
+        let secs = |t: SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        };
+        if self.meta.is_none() {
+            if let Some(old) = old {
+                if old.etag == self.etag && secs(old.mtime) == secs(self.mtime) {
+                    self.meta = old.meta.clone();
+                }
+            }
+        }
+        self
     }
 }
 
@@ -198,6 +223,37 @@ impl InodeTable {
         inode
     }
 
+    /// Forget the name `name` in `parent` (the inode itself stays reachable by number).
+    pub fn remove_child(&self, parent: u64, name: &str) {
+        self.write().children.remove(&(parent, name.to_string()));
+    }
+
+    /// Move inode `ino` to `name` in `new_parent` with key `key` (after a rename): the same
+    /// number, a new entry; whatever had that name loses it. Returns the moved inode.
+    pub fn rename(&self, ino: u64, new_parent: u64, name: &str, key: String) -> Option<Arc<Inode>> {
+        let mut t = self.write();
+        let old = t.by_ino.get(&ino)?.clone();
+        let state = old.lock();
+        let moved = Arc::new(Inode {
+            ino,
+            parent: new_parent,
+            name: name.to_string(),
+            kind: old.kind,
+            key,
+            state: Mutex::new(InodeState {
+                stat: state.stat.clone(),
+                valid_until: state.valid_until,
+                asked_at: None,
+                opened_etag: None,
+            }),
+        });
+        drop(state);
+        t.children.remove(&(old.parent, old.name.clone()));
+        t.children.insert((new_parent, name.to_string()), ino);
+        t.by_ino.insert(ino, moved.clone());
+        Some(moved)
+    }
+
     pub fn len(&self) -> usize {
         self.read().by_ino.len()
     }
@@ -249,6 +305,7 @@ mod tests {
             size: 3,
             mtime: SystemTime::UNIX_EPOCH,
             etag: "\"e\"".into(),
+            meta: None,
         };
         f.set_stat(s.clone(), now + Duration::from_secs(1));
         assert_eq!(f.fresh_stat(now), Some(s.clone()));

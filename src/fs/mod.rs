@@ -6,6 +6,7 @@
 pub mod dir;
 pub mod inode;
 pub mod names;
+pub mod namespace;
 pub mod probe;
 pub mod write;
 
@@ -26,7 +27,7 @@ use tracing::{debug, debug_span, info, warn};
 
 use crate::cache::Cache;
 use crate::read::{ObjectReader, ReadConfig, ReadData};
-use crate::s3::{S3Client, S3Error, S3ErrorKind};
+use crate::s3::{FileMeta, S3Client, S3Error, S3ErrorKind};
 use crate::upload::Uploader;
 use dir::{DirBuilder, Listed};
 use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
@@ -48,6 +49,14 @@ pub struct FsConfig {
     pub direct_io: bool,
     /// Refuse every write (the kernel mount is read-only too).
     pub read_only: bool,
+    /// Ask HeadObject for a file's stored attributes (mode, owner, mtime) when a lookup finds
+    /// a version whose attributes are not known yet.
+    pub file_metadata: bool,
+    /// `mkdir` stores a `dir/` marker object (else the directory lives in this mount until
+    /// something is written in it).
+    pub dir_markers: bool,
+    /// Objects above this size are copied (rename, attribute changes) with UploadPartCopy.
+    pub multipart_copy_threshold: u64,
 }
 
 /// How old an answer about the key (lookup or HeadObject) may be for `open` to use it instead
@@ -90,6 +99,10 @@ pub struct S3Fs {
     /// None on a read-only mount (no write buffers at all).
     uploader: Option<Arc<Uploader>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
+    /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
+    local_dirs: Mutex<std::collections::HashSet<u64>>,
+    /// Mode, owner and times set on directories (kept for the life of the mount).
+    dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     next_fh: AtomicU64,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
@@ -132,6 +145,8 @@ impl S3Fs {
             writing: Mutex::new(HashMap::new()),
             uploader,
             dirs: Mutex::new(HashMap::new()),
+            local_dirs: Mutex::new(Default::default()),
+            dir_attrs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             exact_probes: AtomicBool::new(false),
             notifier,
@@ -150,27 +165,35 @@ impl S3Fs {
             size: 0,
             mtime: self.mount_time,
             etag: String::new(),
+            meta: None,
         }
     }
 
+    /// Stored attributes win over the mount's defaults; a file's ctime is S3's Last-Modified.
     fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
         let (kind, perm, nlink) = match inode.kind {
             Kind::File => (FileType::RegularFile, self.cfg.file_mode, 1),
             Kind::Dir => (FileType::Directory, self.cfg.dir_mode, 2),
         };
+        let dir_meta = match inode.kind {
+            Kind::Dir => self.dir_meta(inode.ino),
+            Kind::File => None,
+        };
+        let meta = dir_meta.as_ref().or(stat.meta.as_ref());
+        let mtime = meta.and_then(|m| m.mtime).unwrap_or(stat.mtime);
         FileAttr {
             ino: INodeNo(inode.ino),
             size: stat.size,
             blocks: stat.size.div_ceil(512),
-            atime: stat.mtime,
-            mtime: stat.mtime,
+            atime: mtime,
+            mtime,
             ctime: stat.mtime,
             crtime: stat.mtime,
             kind,
-            perm,
+            perm: meta.and_then(|m| m.mode).map_or(perm, |m| (m & 0o7777) as u16),
             nlink,
-            uid: self.cfg.uid,
-            gid: self.cfg.gid,
+            uid: meta.and_then(|m| m.uid).unwrap_or(self.cfg.uid),
+            gid: meta.and_then(|m| m.gid).unwrap_or(self.cfg.gid),
             rdev: 0,
             blksize: IO_SIZE,
             flags: 0,
@@ -225,6 +248,9 @@ impl S3Fs {
             if let Some(w) = self.writing(child.ino) {
                 return Ok(self.attr(&child, &w.stat()));
             }
+            if self.is_local_dir(child.ino) {
+                return Ok(self.attr(&child, &self.dir_stat()));
+            }
             if let Some(stat) = child.fresh_stat(now) {
                 return Ok(self.attr(&child, &stat));
             }
@@ -251,7 +277,19 @@ impl S3Fs {
         match probe.file {
             Some(info) => {
                 let child = self.inodes.upsert_child(parent, name, Kind::File, key);
-                let stat = Stat::from(&info);
+                let mut stat = Stat::from(&info).inherit(child.last_stat().as_ref());
+                if stat.meta.is_none() && self.cfg.file_metadata {
+                    // A listing does not carry the stored attributes: ask for them once per
+                    // version (rsync's quick check needs the mtime it set).
+                    match self.rt.block_on(self.s3.head(&child.key)) {
+                        Ok(head) => stat = Stat::from(&head),
+                        Err(e) if e.kind == S3ErrorKind::NotFound => {
+                            child.invalidate();
+                            return Err(Errno::ENOENT);
+                        }
+                        Err(e) => return Err(self.fail("lookup", &e)),
+                    }
+                }
                 child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
                 Ok(self.attr(&child, &stat))
             }
@@ -457,10 +495,9 @@ impl S3Fs {
                 }
                 Listed::File(info) => {
                     let key = info.key.clone();
-                    (
-                        self.inodes.upsert_child(inode.ino, &name, Kind::File, key),
-                        Stat::from(&info),
-                    )
+                    let child = self.inodes.upsert_child(inode.ino, &name, Kind::File, key);
+                    let stat = Stat::from(&info).inherit(child.last_stat().as_ref());
+                    (child, stat)
                 }
             };
             child.set_stat(stat.clone(), until);
@@ -470,7 +507,16 @@ impl S3Fs {
                 name,
             });
         }
-        // Files being written here exist in this mount before S3 has them.
+        // Directories made here and files being written exist in this mount before S3 has
+        // them.
+        for child in self.local_dirs_in(inode.ino) {
+            if !out.iter().any(|e| e.name == child.name) {
+                out.push(DirEntryOut {
+                    attr: self.attr(&child, &dir_stat),
+                    name: child.name.clone(),
+                });
+            }
+        }
         for (ino, w) in self.writing_in(inode.ino) {
             if out.iter().any(|e| e.name == w.name) {
                 continue;
@@ -493,37 +539,6 @@ impl S3Fs {
             *cached = Some(Arc::new(self.list_dir(&inode)?));
         }
         Ok(cached.clone().unwrap_or_default())
-    }
-
-    /// `setattr`: a truncate of a file being written to its current size (`ftruncate(fd, 0)`
-    /// right after `open`), and times set to "now" (what S3's modification time will say), are
-    /// honoured; mode, owner, explicit times and other sizes cannot be stored (EOPNOTSUPP).
-    fn do_setattr(
-        &self,
-        ino: u64,
-        owner_or_mode: bool,
-        size: Option<u64>,
-        times: [Option<TimeOrNow>; 2],
-    ) -> FsResult<FileAttr> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
-        if self.cfg.read_only {
-            return Err(Errno::EROFS);
-        }
-        let explicit_time = times
-            .iter()
-            .any(|t| matches!(t, Some(TimeOrNow::SpecificTime(_))));
-        if owner_or_mode || explicit_time {
-            debug!(key = %inode.key, "mode, owner and explicit times are not stored in this version");
-            return Err(Errno::EOPNOTSUPP);
-        }
-        if let Some(size) = size {
-            if self.writing(ino).is_none() {
-                warn!(key = %inode.key, size, "truncating an object that is not being written is not supported; open it with O_TRUNC to replace it");
-                return Err(Errno::EOPNOTSUPP);
-            }
-            self.truncate_writing(ino, size)?;
-        }
-        self.do_getattr(ino)
     }
 
     fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
@@ -646,8 +661,8 @@ impl fuser::Filesystem for S3Fs {
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
@@ -655,7 +670,12 @@ impl fuser::Filesystem for S3Fs {
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.do_create(parent.0, name, req.pid()) {
+        match self.do_create(
+            parent.0,
+            name,
+            (req.pid(), req.uid(), req.gid()),
+            mode & !umask,
+        ) {
             Ok((attr, fh)) => reply.created(
                 &self.entry_ttl(),
                 &attr,
@@ -705,8 +725,80 @@ impl fuser::Filesystem for S3Fs {
         reply: ReplyAttr,
     ) {
         let _s = debug_span!("fuse", op = "setattr", ino = ino.0).entered();
-        match self.do_setattr(ino.0, mode.or(uid).or(gid).is_some(), size, [atime, mtime]) {
+        let _ = atime;
+        let set = namespace::SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            mtime: mtime.map(|t| match t {
+                TimeOrNow::Now => SystemTime::now(),
+                TimeOrNow::SpecificTime(t) => t,
+            }),
+        };
+        match self.do_setattr(ino.0, set) {
             Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let _s = debug_span!("fuse", op = "mkdir", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_mkdir(parent.0, name, mode & !umask) {
+            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = debug_span!("fuse", op = "rmdir", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_rmdir(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = debug_span!("fuse", op = "unlink", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_unlink(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let _s = debug_span!("fuse", op = "rename", parent = parent.0, name = ?name, newparent = newparent.0, newname = ?newname).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }

@@ -50,6 +50,7 @@ mod tests {
             size: 3,
             etag: "\"e\"".into(),
             last_modified: SystemTime::UNIX_EPOCH,
+            meta: None,
         }
     }
 

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::inode::{Inode, Kind, Stat};
 use super::{errno, names, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
-use crate::s3::{Condition, S3ErrorKind};
+use crate::s3::{Condition, FileMeta, S3ErrorKind};
 use crate::upload::{Upload, WriteError};
 
 /// A file being written, as `stat` and `readdir` show it until it is committed.
@@ -27,15 +27,18 @@ pub struct Writing {
     pub name: String,
     size: AtomicU64,
     mtime_ns: AtomicU64,
+    /// The attributes the object will carry (set at create, changed by setattr).
+    meta: std::sync::Mutex<FileMeta>,
 }
 
 impl Writing {
-    fn new(parent: u64, name: &str) -> Self {
+    fn new(parent: u64, name: &str, meta: FileMeta) -> Self {
         let w = Writing {
             parent,
             name: name.to_string(),
             size: AtomicU64::new(0),
             mtime_ns: AtomicU64::new(0),
+            meta: std::sync::Mutex::new(meta),
         };
         w.touch(0);
         w
@@ -50,12 +53,21 @@ impl Writing {
         self.mtime_ns.store(ns, Ordering::Relaxed);
     }
 
+    pub fn meta(&self) -> FileMeta {
+        self.meta.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_meta(&self, change: &FileMeta) {
+        let mut m = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        *m = m.merged(change);
+    }
+
     pub fn stat(&self) -> Stat {
         Stat {
             size: self.size.load(Ordering::Relaxed),
-            mtime: UNIX_EPOCH
-                + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
+            mtime: UNIX_EPOCH + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
             etag: String::new(),
+            meta: Some(self.meta()),
         }
     }
 }
@@ -104,6 +116,7 @@ impl S3Fs {
         inode: &Inode,
         cond: Condition,
         pid: u32,
+        meta: FileMeta,
     ) -> FsResult<(u64, Arc<Writing>)> {
         if self.uploader.is_none() {
             return Err(Errno::EROFS);
@@ -114,14 +127,14 @@ impl S3Fs {
                 warn!(key = %inode.key, "file is already being written in this mount; close the other writer first");
                 return Err(Errno::EBUSY);
             }
-            let state = Arc::new(Writing::new(inode.parent, &inode.name));
+            let state = Arc::new(Writing::new(inode.parent, &inode.name, meta.clone()));
             w.insert(inode.ino, state.clone());
             state
         };
         let Some(uploader) = &self.uploader else {
             return Err(Errno::EROFS);
         };
-        let upload = uploader.start(&inode.key, cond);
+        let upload = uploader.start(&inode.key, cond, meta);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let file = WriteFile {
             opener: tgid_of(pid),
@@ -137,8 +150,10 @@ impl S3Fs {
         &self,
         parent: u64,
         name: &std::ffi::OsStr,
-        pid: u32,
+        req: (u32, u32, u32),
+        mode: u32,
     ) -> FsResult<(FileAttr, u64)> {
+        let (pid, uid, gid) = req;
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
@@ -153,8 +168,16 @@ impl S3Fs {
         if let Some(neg) = &self.negative {
             neg.invalidate(&inode.key);
         }
+        // Attributes that differ from the mount's defaults are stored with the object.
+        let mode = mode & 0o7777;
+        let meta = FileMeta {
+            mode: (mode as u16 != self.cfg.file_mode).then_some(mode),
+            uid: (uid != self.cfg.uid).then_some(uid),
+            gid: (gid != self.cfg.gid).then_some(gid),
+            mtime: None,
+        };
         // The kernel found no such name: the object must still not exist when it is stored.
-        let (fh, writing) = self.begin_write(&inode, Condition::IfNoneMatch, pid)?;
+        let (fh, writing) = self.begin_write(&inode, Condition::IfNoneMatch, pid, meta)?;
         debug!(key = %inode.key, fh, "created");
         Ok((self.attr(&inode, &writing.stat()), fh))
     }
@@ -183,6 +206,14 @@ impl S3Fs {
             },
         };
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        // A rewrite keeps the mode and owner stored with the old version, not its mtime.
+        let meta = FileMeta {
+            mtime: None,
+            ..current
+                .as_ref()
+                .and_then(|s| s.meta.clone())
+                .unwrap_or_default()
+        };
         let cond = match current {
             // Gone since the kernel looked: this writes a new object.
             None => Condition::IfNoneMatch,
@@ -193,7 +224,7 @@ impl S3Fs {
             Some(stat) if stat.etag.is_empty() => Condition::None,
             Some(stat) => Condition::IfMatch(stat.etag),
         };
-        let (fh, _) = self.begin_write(inode, cond, pid)?;
+        let (fh, _) = self.begin_write(inode, cond, pid, meta)?;
         debug!(key = %inode.key, fh, "opened for writing");
         Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
     }
@@ -204,6 +235,7 @@ impl S3Fs {
             return Err(Errno::EBADF);
         };
         let mut up = self.rt.block_on(w.upload.lock());
+        up.set_meta(&w.writing.meta());
         match self.rt.block_on(up.write(offset, data)) {
             Ok(()) => {
                 w.writing.touch(up.size());
@@ -258,6 +290,7 @@ impl S3Fs {
     /// Store the file (once; later calls return the same outcome).
     fn commit(&self, ino: u64, w: &WriteFile) -> FsResult<()> {
         let mut up = self.rt.block_on(w.upload.lock());
+        up.set_meta(&w.writing.meta());
         let was_open = up.is_open();
         let result = self.rt.block_on(up.commit());
         {

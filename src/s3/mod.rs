@@ -5,6 +5,7 @@
 //! SDK's error into an [`S3Error`] that knows its errno.
 
 pub mod error;
+pub mod meta;
 pub mod rdma;
 
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +23,7 @@ use cuobj_ffi::{Op, RegisteredBuffer, Registration};
 use tracing::{debug, Instrument};
 
 pub use error::{S3Error, S3ErrorKind};
+pub use meta::FileMeta;
 pub use rdma::{RdmaMode, TransportStats};
 
 use crate::rdma::checksum;
@@ -57,6 +59,9 @@ pub struct ObjectInfo {
     pub size: u64,
     pub etag: String,
     pub last_modified: SystemTime,
+    /// The attributes stored with the object: `None` when not asked (a listing does not
+    /// carry them), `Some` (maybe empty) from HeadObject or our own write.
+    pub meta: Option<FileMeta>,
 }
 
 /// One page of ListObjectsV2 with a delimiter.
@@ -220,6 +225,7 @@ impl S3Client {
                 size: out.content_length().unwrap_or(0).max(0) as u64,
                 etag: out.e_tag().unwrap_or_default().to_string(),
                 last_modified: to_system_time(out.last_modified()),
+                meta: Some(FileMeta::from_map(out.metadata())),
             })
         }
         .instrument(span)
@@ -263,6 +269,7 @@ impl S3Client {
                         size: o.size().unwrap_or(0).max(0) as u64,
                         etag: o.e_tag().unwrap_or_default().to_string(),
                         last_modified: to_system_time(o.last_modified()),
+                        meta: None,
                     })
                 })
                 .collect();
@@ -395,7 +402,8 @@ impl S3Client {
     /// PutObject of `data`, over RDMA when it is a registered buffer and the mode allows, else
     /// over HTTP; always with `x-amz-checksum-crc64nvme`. Returns the ETag.
     pub async fn put_object(&self, key: &str, data: PutSource<'_>) -> Result<String, S3Error> {
-        self.put_object_if(key, data, &Condition::None).await
+        self.put_object_if(key, data, &Condition::None, &FileMeta::default())
+            .await
     }
 
     /// [`S3Client::put_object`] under a precondition (`If-None-Match: *` or `If-Match`): a
@@ -405,8 +413,10 @@ impl S3Client {
         key: &str,
         data: PutSource<'_>,
         cond: &Condition,
+        meta: &FileMeta,
     ) -> Result<String, S3Error> {
         let cond = &self.usable(cond);
+        let user_meta = meta_map(meta);
         let bytes = data.bytes();
         let crc = checksum::crc64nvme_base64(bytes);
         let span = tracing::debug_span!(
@@ -426,6 +436,7 @@ impl S3Client {
                         .key(key)
                         .set_if_none_match(cond.if_none_match())
                         .set_if_match(cond.if_match())
+                        .set_metadata(user_meta.clone())
                         .checksum_crc64_nvme(&crc)
                         .content_length(0)
                         .customize()
@@ -444,6 +455,7 @@ impl S3Client {
                 .key(key)
                 .set_if_none_match(cond.if_none_match())
                 .set_if_match(cond.if_match())
+                .set_metadata(user_meta)
                 .checksum_crc64_nvme(&crc)
                 .body(data.body())
                 .customize();
@@ -588,12 +600,22 @@ impl S3Client {
 
     /// CreateMultipartUpload; returns the upload id.
     pub async fn create_multipart(&self, key: &str) -> Result<String, S3Error> {
+        self.create_multipart_with(key, &FileMeta::default()).await
+    }
+
+    /// CreateMultipartUpload of an object that will carry `meta`.
+    pub async fn create_multipart_with(
+        &self,
+        key: &str,
+        meta: &FileMeta,
+    ) -> Result<String, S3Error> {
         let start = Instant::now();
         let res = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
+            .set_metadata(meta_map(meta))
             .send()
             .await;
         log_outcome("CreateMultipartUpload", key, start, &res);
@@ -709,6 +731,100 @@ impl S3Client {
     pub fn conditional_writes_refused(&self) -> bool {
         self.no_conditional_writes
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// DeleteObject (deleting a missing key succeeds, as in S3).
+    pub async fn delete_object(&self, key: &str) -> Result<(), S3Error> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await;
+        log_outcome("DeleteObject", key, start, &res);
+        res.map(|_| ())
+            .map_err(|e| convert("DeleteObject", key, e))
+    }
+
+    /// Server-side copy of `src` (which must still have ETag `src_etag`) to `dst`, carrying
+    /// `meta` (replacing the source's metadata). Objects above `single_limit` bytes (at most
+    /// S3's 5 GiB) are copied as a multipart upload of UploadPartCopy ranges, 8 at a time,
+    /// aborted on any failure. Returns the new object's ETag.
+    pub async fn copy_object(
+        &self,
+        src: &ObjectInfo,
+        dst: &str,
+        meta: &FileMeta,
+        single_limit: u64,
+    ) -> Result<String, S3Error> {
+        let source = format!("{}/{}", self.bucket, encode_key(&src.key));
+        if src.size <= single_limit.min(5 << 30) {
+            let start = Instant::now();
+            let res = self
+                .client
+                .copy_object()
+                .bucket(&self.bucket)
+                .key(dst)
+                .copy_source(&source)
+                .copy_source_if_match(&src.etag)
+                .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+                .set_metadata(meta_map(meta))
+                .send()
+                .await;
+            log_outcome("CopyObject", dst, start, &res);
+            let out = res.map_err(|e| convert("CopyObject", dst, e))?;
+            return Ok(out
+                .copy_object_result()
+                .and_then(|r| r.e_tag())
+                .unwrap_or_default()
+                .to_string());
+        }
+        let id = self.create_multipart_with(dst, meta).await?;
+        let part = COPY_PART_BYTES
+            .min(single_limit.max(5 << 20))
+            .max(src.size.div_ceil(10_000));
+        let ranges: Vec<(i32, u64, u64)> = (0..src.size.div_ceil(part))
+            .map(|i| (i as i32 + 1, i * part, ((i + 1) * part).min(src.size) - 1))
+            .collect();
+        let copies = run_bounded(ranges.into_iter().map(|(n, a, b)| {
+            let (source, id) = (source.clone(), id.clone());
+            async move {
+                let start = Instant::now();
+                let res = self
+                    .client
+                    .upload_part_copy()
+                    .bucket(&self.bucket)
+                    .key(dst)
+                    .upload_id(&id)
+                    .part_number(n)
+                    .copy_source(&source)
+                    .copy_source_if_match(&src.etag)
+                    .copy_source_range(format!("bytes={a}-{b}"))
+                    .send()
+                    .await;
+                log_outcome("UploadPartCopy", dst, start, &res);
+                let out = res.map_err(|e| convert("UploadPartCopy", dst, e))?;
+                let etag = out
+                    .copy_part_result()
+                    .and_then(|r| r.e_tag())
+                    .unwrap_or_default()
+                    .to_string();
+                Ok::<_, S3Error>((n, etag))
+            }
+        }))
+        .await;
+        let done = match copies {
+            Ok(parts) => self.complete_multipart(dst, &id, &parts).await,
+            Err(e) => Err(e),
+        };
+        if done.is_err() {
+            if let Err(e) = self.abort_multipart(dst, &id).await {
+                tracing::warn!(key = dst, upload_id = %id, error = %e, "cannot abort the multipart copy");
+            }
+        }
+        done
     }
 
     fn declined_by_error<E>(&self, e: &SdkError<E, HttpResponse>) -> bool {
@@ -946,6 +1062,69 @@ impl Condition {
             _ => None,
         }
     }
+}
+
+/// Parts of a multipart copy (more for objects above 5 TB / 10,000 parts).
+const COPY_PART_BYTES: u64 = 512 << 20;
+
+/// Run the copies 8 at a time, in order; the first error wins (after all started ones end).
+async fn run_bounded<F, T>(
+    jobs: impl Iterator<Item = F>,
+) -> Result<Vec<T>, S3Error>
+where
+    F: std::future::Future<Output = Result<T, S3Error>>,
+{
+    let jobs: Vec<F> = jobs.collect();
+    let sem = tokio::sync::Semaphore::new(8);
+    let all = jobs.into_iter().map(|f| async {
+        let _p = sem.acquire().await;
+        f.await
+    });
+    let results = join_all(all).await;
+    results.into_iter().collect()
+}
+
+/// Await every future (concurrently, on this task).
+async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// User metadata to send: none when nothing is stored.
+fn meta_map(meta: &FileMeta) -> Option<std::collections::HashMap<String, String>> {
+    (!meta.is_empty()).then(|| meta.to_map())
+}
+
+/// A key as it goes in `x-amz-copy-source`: percent-encoded but for `/` and the unreserved
+/// characters.
+fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {

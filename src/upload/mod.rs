@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::s3::{Condition, ObjectInfo, PutSource, S3Client, S3Error, S3ErrorKind};
+use crate::s3::{Condition, FileMeta, ObjectInfo, PutSource, S3Client, S3Error, S3ErrorKind};
 use pool::{Chunk, WritePool};
 
 /// S3's limit on the parts of one upload.
@@ -93,12 +93,15 @@ impl Uploader {
             .sum()
     }
 
-    /// Start writing `key` (nothing is sent until a part fills or the file is committed).
-    pub fn start(self: &Arc<Self>, key: &str, cond: Condition) -> Upload {
+    /// Start writing `key`, to carry the attributes `meta` (nothing is sent until a part fills
+    /// or the file is committed).
+    pub fn start(self: &Arc<Self>, key: &str, cond: Condition, meta: FileMeta) -> Upload {
         Upload {
             up: self.clone(),
             key: key.into(),
             cond,
+            meta,
+            meta_sent: None,
             size: 0,
             chunk: None,
             fill: 0,
@@ -194,6 +197,10 @@ pub struct Upload {
     up: Arc<Uploader>,
     key: Arc<str>,
     cond: Condition,
+    /// The attributes the object is to carry (changed by setattr while writing).
+    meta: FileMeta,
+    /// What CreateMultipartUpload carried (a multipart object's metadata is fixed there).
+    meta_sent: Option<FileMeta>,
     size: u64,
     chunk: Option<Chunk>,
     fill: usize,
@@ -224,6 +231,15 @@ impl Upload {
 
     pub fn is_open(&self) -> bool {
         matches!(self.state, State::Open)
+    }
+
+    /// Attributes set while the file is written (chmod, chown, utimes on it).
+    pub fn set_meta(&mut self, m: &FileMeta) {
+        self.meta = self.meta.merged(m);
+    }
+
+    pub fn meta(&self) -> &FileMeta {
+        &self.meta
     }
 
     /// Append `data`, which must start at the end of what was written.
@@ -291,12 +307,13 @@ impl Upload {
                 let id: Arc<str> = self
                     .up
                     .s3
-                    .create_multipart(&self.key)
+                    .create_multipart_with(&self.key, &self.meta)
                     .await
                     .map_err(WriteError::S3)?
                     .into();
                 debug!(key = %self.key, upload_id = %id, "multipart upload started");
                 self.upload_id = Some(id.clone());
+                self.meta_sent = Some(self.meta.clone());
                 id
             }
         };
@@ -387,7 +404,10 @@ impl Upload {
                     Some(p) => p.source(),
                     None => PutSource::Plain(&[]),
                 };
-                self.up.s3.put_object_if(&self.key, src, &self.cond).await
+                self.up
+                    .s3
+                    .put_object_if(&self.key, src, &self.cond, &self.meta)
+                    .await
             }
             Some(id) => {
                 if self.fill > 0 {
@@ -408,12 +428,28 @@ impl Upload {
         match stored {
             Ok(etag) => {
                 self.upload_id = None;
-                let info = ObjectInfo {
+                let mut info = ObjectInfo {
                     key: self.key.to_string(),
                     size: self.size,
                     etag,
                     last_modified: SystemTime::now(),
+                    meta: Some(self.meta_sent.clone().unwrap_or_else(|| self.meta.clone())),
                 };
+                // Attributes set after the multipart upload began: a copy onto itself.
+                if info.meta.as_ref() != Some(&self.meta) {
+                    match self
+                        .up
+                        .s3
+                        .copy_object(&info, &self.key, &self.meta, MAX_PART_BYTES)
+                        .await
+                    {
+                        Ok(etag) => {
+                            info.etag = etag;
+                            info.meta = Some(self.meta.clone());
+                        }
+                        Err(e) => warn!(key = %self.key, error = %e, "the file is stored, but the attributes set while it was written (mode, owner, times) could not be"),
+                    }
+                }
                 self.up
                     .stats
                     .objects_written
