@@ -518,13 +518,13 @@ impl S3Fs {
             }
         }
         for (ino, w) in self.writing_in(inode.ino) {
-            if out.iter().any(|e| e.name == w.name) {
+            let Some(child) = self.inodes.get(ino) else {
                 continue;
-            }
-            if let Some(child) = self.inodes.get(ino) {
+            };
+            if !out.iter().any(|e| e.name == child.name) {
                 out.push(DirEntryOut {
                     attr: self.attr(&child, &w.stat()),
-                    name: w.name.clone(),
+                    name: child.name.clone(),
                 });
             }
         }

@@ -203,10 +203,6 @@ impl S3Fs {
             info!(key = %src.key, "directory rename refused with EXDEV (S3 has no directories); mv copies and deletes instead");
             return Err(Errno::EXDEV);
         }
-        if self.writing(src.ino).is_some() {
-            warn!(key = %src.key, "cannot rename a file while it is being written in this mount; close it first");
-            return Err(Errno::EBUSY);
-        }
         let dst_key = names::child_key(&np.key, new_name);
         if dst_key == src.key {
             return Ok(());
@@ -226,6 +222,13 @@ impl S3Fs {
             if self.writing(d.ino).is_some() {
                 return Err(Errno::EBUSY);
             }
+        }
+        // A file not stored yet (still open) will be stored under the new name. One being
+        // stored right now (its last close or release is committing it) is waited for.
+        if self.while_writing(src.ino, &mut |up| up.retarget(&dst_key))? {
+            self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
+            debug!(from = %src.key, to = %dst_key, "renamed while being written");
+            return Ok(());
         }
         // The source as it is now: its ETag makes the copy conditional, its attributes go
         // along.
@@ -248,27 +251,46 @@ impl S3Fs {
             warn!(key = %src.key, to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
             return Err(errno(e.errno()));
         }
-        if let Some(d) = &dst {
+        let stat = Stat::from(&ObjectInfo {
+            key: dst_key.clone(),
+            size: info.size,
+            etag,
+            last_modified: SystemTime::now(),
+            meta: Some(meta),
+        });
+        self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, Some(stat));
+        debug!(from = %src.key, to = %dst_key, "renamed");
+        Ok(())
+    }
+
+    /// Bookkeeping of a rename: the inode moves to its new name, whatever had that name and
+    /// the old name are forgotten.
+    fn moved(
+        &self,
+        src: &Inode,
+        dst: Option<&Inode>,
+        new_parent: u64,
+        new_name: &str,
+        dst_key: &str,
+        stat: Option<Stat>,
+    ) {
+        if let Some(d) = dst {
             d.invalidate();
             d.forget_opened();
         }
         if let Some(neg) = &self.negative {
-            neg.invalidate(&dst_key);
+            neg.invalidate(dst_key);
         }
         self.remember_missing(src.key.clone());
-        if let Some(moved) = self.inodes.rename(src.ino, new_parent, new_name, dst_key.clone()) {
-            let now = Instant::now();
-            let stat = Stat::from(&ObjectInfo {
-                key: dst_key.clone(),
-                size: info.size,
-                etag,
-                last_modified: SystemTime::now(),
-                meta: Some(meta),
-            });
-            moved.set_stat_asked(stat, self.ttl_from(now), now);
+        if let Some(moved) = self
+            .inodes
+            .rename(src.ino, new_parent, new_name, dst_key.to_string())
+        {
+            if let Some(stat) = stat {
+                let now = Instant::now();
+                moved.set_stat_asked(stat, self.ttl_from(now), now);
+            }
         }
-        debug!(from = %src.key, to = %dst_key, "renamed");
-        Ok(())
     }
 
     /// `setattr`. Files: mode, owner and mtime are stored as user metadata — with the upload
@@ -294,8 +316,13 @@ impl S3Fs {
             if let Some(size) = set.size {
                 self.truncate_writing(ino, size)?;
             }
-            w.set_meta(&change);
-            return self.do_getattr(ino);
+            let applied = self.while_writing(ino, &mut |up| {
+                up.set_meta(&change);
+                w.set_meta(&change);
+            })?;
+            if applied {
+                return self.do_getattr(ino);
+            }
         }
         if set.size.is_none() && change.is_empty() {
             return self.do_getattr(ino);

@@ -20,11 +20,12 @@ use super::{errno, names, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
 use crate::s3::{Condition, FileMeta, S3ErrorKind};
 use crate::upload::{Upload, WriteError};
 
+/// How long an operation on a file being stored waits for the store to end.
+const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A file being written, as `stat` and `readdir` show it until it is committed.
 #[derive(Debug)]
 pub struct Writing {
-    pub parent: u64,
-    pub name: String,
     size: AtomicU64,
     mtime_ns: AtomicU64,
     /// The attributes the object will carry (set at create, changed by setattr).
@@ -32,10 +33,8 @@ pub struct Writing {
 }
 
 impl Writing {
-    fn new(parent: u64, name: &str, meta: FileMeta) -> Self {
+    fn new(meta: FileMeta) -> Self {
         let w = Writing {
-            parent,
-            name: name.to_string(),
             size: AtomicU64::new(0),
             mtime_ns: AtomicU64::new(0),
             meta: std::sync::Mutex::new(meta),
@@ -99,7 +98,7 @@ impl S3Fs {
     pub(super) fn writing_in(&self, parent: u64) -> Vec<(u64, Arc<Writing>)> {
         self.lock_writing()
             .iter()
-            .filter(|(_, w)| w.parent == parent)
+            .filter(|(i, _)| self.inodes.get(**i).is_some_and(|n| n.parent == parent))
             .map(|(i, w)| (*i, w.clone()))
             .collect()
     }
@@ -127,7 +126,7 @@ impl S3Fs {
                 warn!(key = %inode.key, "file is already being written in this mount; close the other writer first");
                 return Err(Errno::EBUSY);
             }
-            let state = Arc::new(Writing::new(inode.parent, &inode.name, meta.clone()));
+            let state = Arc::new(Writing::new(meta.clone()));
             w.insert(inode.ino, state.clone());
             state
         };
@@ -312,6 +311,44 @@ impl S3Fs {
             }
         }
         result.map(|_| ()).map_err(|e: WriteError| errno(e.errno()))
+    }
+
+    /// Apply `f` to the upload of the file being written as `ino`, if a handle of this mount
+    /// still has it open (not yet committing); false otherwise.
+    fn apply_to_open_upload(&self, ino: u64, f: &mut dyn FnMut(&mut Upload)) -> bool {
+        let file = self
+            .lock_files()
+            .values()
+            .find(|f| matches!(&***f, OpenFile::Write(i, _) if *i == ino))
+            .cloned();
+        let Some(file) = file else { return false };
+        let OpenFile::Write(_, w) = &*file else {
+            return false;
+        };
+        let mut up = self.rt.block_on(w.upload.lock());
+        if !up.is_open() {
+            return false;
+        }
+        f(&mut up);
+        true
+    }
+
+    /// For an operation on a file that may be being written: apply `f` to its open upload
+    /// (Ok(true)), or, once it is stored (its last close or release may be committing it right
+    /// now: wait for that), Ok(false) — the caller then acts on the stored object.
+    pub(super) fn while_writing(&self, ino: u64, f: &mut dyn FnMut(&mut Upload)) -> FsResult<bool> {
+        let deadline = Instant::now() + COMMIT_WAIT;
+        while self.writing(ino).is_some() {
+            if self.apply_to_open_upload(ino, f) {
+                return Ok(true);
+            }
+            if Instant::now() > deadline {
+                warn!(ino, "waited too long for the file to be stored");
+                return Err(Errno::EBUSY);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(false)
     }
 
     /// `truncate`/`ftruncate` of a file being written: only to its current size (e.g. 0 right

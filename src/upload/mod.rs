@@ -102,6 +102,7 @@ impl Uploader {
             cond,
             meta,
             meta_sent: None,
+            target: None,
             size: 0,
             chunk: None,
             fill: 0,
@@ -201,6 +202,8 @@ pub struct Upload {
     meta: FileMeta,
     /// What CreateMultipartUpload carried (a multipart object's metadata is fixed there).
     meta_sent: Option<FileMeta>,
+    /// Where the file goes instead of `key` (renamed while written).
+    target: Option<Arc<str>>,
     size: u64,
     chunk: Option<Chunk>,
     fill: usize,
@@ -240,6 +243,14 @@ impl Upload {
 
     pub fn meta(&self) -> &FileMeta {
         &self.meta
+    }
+
+    /// Store the file under `key` instead (a rename while it is written). Nothing is stored
+    /// under the old key: a single PUT goes straight to the new key; a multipart upload (bound
+    /// to the old key) is completed there, copied to the new key and deleted. An old version
+    /// the file was replacing is deleted as well, as a rename leaves nothing behind.
+    pub fn retarget(&mut self, key: &str) {
+        self.target = Some(key.into());
     }
 
     /// Append `data`, which must start at the end of what was written.
@@ -397,6 +408,24 @@ impl Upload {
             State::Failed(e) => return Err(e.clone()),
         }
         let stored = match self.upload_id.clone() {
+            None if self.target.is_some() => {
+                let chunk = self.chunk.take();
+                let part = chunk.map(|c| c.into_part(self.fill));
+                let src = match &part {
+                    Some(p) => p.source(),
+                    None => PutSource::Plain(&[]),
+                };
+                let target = self.target.clone().unwrap_or_else(|| self.key.clone());
+                let r = self
+                    .up
+                    .s3
+                    .put_object_if(&target, src, &Condition::None, &self.meta)
+                    .await;
+                if r.is_ok() {
+                    self.drop_replaced().await;
+                }
+                r
+            }
             None => {
                 let chunk = self.chunk.take();
                 let part = chunk.map(|c| c.into_part(self.fill));
@@ -425,11 +454,16 @@ impl Upload {
                     .await
             }
         };
+        let stored = match (stored, self.target.clone(), self.upload_id.is_some()) {
+            // Completed under the old key: move it where it was renamed to.
+            (Ok(etag), Some(target), true) => self.move_completed(etag, &target).await,
+            (r, _, _) => r,
+        };
         match stored {
             Ok(etag) => {
                 self.upload_id = None;
                 let mut info = ObjectInfo {
-                    key: self.key.to_string(),
+                    key: self.target.as_deref().unwrap_or(&self.key).to_string(),
                     size: self.size,
                     etag,
                     last_modified: SystemTime::now(),
@@ -440,7 +474,7 @@ impl Upload {
                     match self
                         .up
                         .s3
-                        .copy_object(&info, &self.key, &self.meta, MAX_PART_BYTES)
+                        .copy_object(&info, &info.key, &self.meta, MAX_PART_BYTES)
                         .await
                     {
                         Ok(etag) => {
@@ -475,6 +509,37 @@ impl Upload {
                 Err(self.fail(e).await)
             }
         }
+    }
+
+    /// After a renamed file is stored: delete the version it was replacing under the old key.
+    async fn drop_replaced(&self) {
+        if let Condition::IfMatch(_) = self.cond {
+            if let Err(e) = self.up.s3.delete_object(&self.key).await {
+                warn!(key = %self.key, error = %e, "the file was renamed while written; the old version under its first name could not be deleted");
+            }
+        }
+    }
+
+    /// A multipart upload completed under the old key (ETag `etag`): copy it to `target`,
+    /// delete the old key. Returns the new ETag.
+    async fn move_completed(&mut self, etag: String, target: &str) -> Result<String, S3Error> {
+        let at_old = ObjectInfo {
+            key: self.key.to_string(),
+            size: self.size,
+            etag,
+            last_modified: SystemTime::now(),
+            meta: None,
+        };
+        let new = self
+            .up
+            .s3
+            .copy_object(&at_old, target, &self.meta, MAX_PART_BYTES)
+            .await?;
+        self.meta_sent = Some(self.meta.clone());
+        if let Err(e) = self.up.s3.delete_object(&self.key).await {
+            warn!(key = %self.key, to = target, error = %e, "the file was renamed while written and stored under its new name; its first name could not be deleted");
+        }
+        Ok(new)
     }
 
     /// Abandon the file (nothing is stored): for a handle dropped without a commit.

@@ -8,4 +8,5 @@ mod rdma;
 mod read;
 mod semantics;
 mod startup;
+mod tree;
 mod write;
