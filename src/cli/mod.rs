@@ -693,8 +693,12 @@ mod tests {
             let sample = match key.as_str() {
                 "file_mode" | "dir_mode" => Some("0644"),
                 "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
-                "read_part_size" | "max_prefetch" | "cache_size" | "write_part_size"
-                | "write_buffer_size" | "multipart_copy_threshold" => Some("8MiB"),
+                "read_part_size"
+                | "max_prefetch"
+                | "cache_size"
+                | "write_part_size"
+                | "write_buffer_size"
+                | "multipart_copy_threshold" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
                 "rdma" => Some("auto"),
                 _ if arg.get_action().takes_values() => Some("1"),

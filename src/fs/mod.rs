@@ -190,7 +190,9 @@ impl S3Fs {
             ctime: stat.mtime,
             crtime: stat.mtime,
             kind,
-            perm: meta.and_then(|m| m.mode).map_or(perm, |m| (m & 0o7777) as u16),
+            perm: meta
+                .and_then(|m| m.mode)
+                .map_or(perm, |m| (m & 0o7777) as u16),
             nlink,
             uid: meta.and_then(|m| m.uid).unwrap_or(self.cfg.uid),
             gid: meta.and_then(|m| m.gid).unwrap_or(self.cfg.gid),

@@ -193,7 +193,9 @@ impl S3Fs {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> FsResult<()> {
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) || flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
             return Err(Errno::EINVAL);
         }
         let src = self.existing_child(parent, name)?;
@@ -258,7 +260,14 @@ impl S3Fs {
             last_modified: SystemTime::now(),
             meta: Some(meta),
         });
-        self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, Some(stat));
+        self.moved(
+            &src,
+            dst.as_deref(),
+            new_parent,
+            new_name,
+            &dst_key,
+            Some(stat),
+        );
         debug!(from = %src.key, to = %dst_key, "renamed");
         Ok(())
     }

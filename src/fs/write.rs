@@ -64,7 +64,8 @@ impl Writing {
     pub fn stat(&self) -> Stat {
         Stat {
             size: self.size.load(Ordering::Relaxed),
-            mtime: UNIX_EPOCH + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
+            mtime: UNIX_EPOCH
+                + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
             etag: String::new(),
             meta: Some(self.meta()),
         }

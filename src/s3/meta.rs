@@ -28,7 +28,9 @@ impl FileMeta {
                 .map(|(_, v)| v.trim())
         };
         FileMeta {
-            mode: get("mode").and_then(|v| v.parse::<u32>().ok()).map(|m| m & 0o7777),
+            mode: get("mode")
+                .and_then(|v| v.parse::<u32>().ok())
+                .map(|m| m & 0o7777),
             uid: get("uid").and_then(|v| v.parse().ok()),
             gid: get("gid").and_then(|v| v.parse().ok()),
             mtime: get("mtime").and_then(parse_time),
@@ -120,9 +122,15 @@ mod tests {
         .collect();
         let got = FileMeta::from_map(Some(&s3fs));
         assert_eq!(got.mode, Some(0o755));
-        assert_eq!(got.mtime, Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)));
+        assert_eq!(
+            got.mtime,
+            Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        );
         assert_eq!(got.uid, None);
-        assert_eq!(parse_time("1.5"), Some(UNIX_EPOCH + Duration::from_millis(1500)));
+        assert_eq!(
+            parse_time("1.5"),
+            Some(UNIX_EPOCH + Duration::from_millis(1500))
+        );
         assert_eq!(parse_time("1.x"), None);
         assert!(FileMeta::default().to_map().is_empty());
         let merged = m.merged(&FileMeta {

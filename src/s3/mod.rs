@@ -744,8 +744,7 @@ impl S3Client {
             .send()
             .await;
         log_outcome("DeleteObject", key, start, &res);
-        res.map(|_| ())
-            .map_err(|e| convert("DeleteObject", key, e))
+        res.map(|_| ()).map_err(|e| convert("DeleteObject", key, e))
     }
 
     /// Server-side copy of `src` (which must still have ETag `src_etag`) to `dst`, carrying
@@ -1068,9 +1067,7 @@ impl Condition {
 const COPY_PART_BYTES: u64 = 512 << 20;
 
 /// Run the copies 8 at a time, in order; the first error wins (after all started ones end).
-async fn run_bounded<F, T>(
-    jobs: impl Iterator<Item = F>,
-) -> Result<Vec<T>, S3Error>
+async fn run_bounded<F, T>(jobs: impl Iterator<Item = F>) -> Result<Vec<T>, S3Error>
 where
     F: std::future::Future<Output = Result<T, S3Error>>,
 {

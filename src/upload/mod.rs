@@ -481,7 +481,9 @@ impl Upload {
                             info.etag = etag;
                             info.meta = Some(self.meta.clone());
                         }
-                        Err(e) => warn!(key = %self.key, error = %e, "the file is stored, but the attributes set while it was written (mode, owner, times) could not be"),
+                        Err(e) => {
+                            warn!(key = %self.key, error = %e, "the file is stored, but the attributes set while it was written (mode, owner, times) could not be")
+                        }
                     }
                 }
                 self.up

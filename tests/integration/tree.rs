@@ -23,7 +23,10 @@ fn server_keys(bucket: &str) -> Vec<(String, i64)> {
                 .await
                 .expect("list");
             for o in page.contents() {
-                out.push((o.key().unwrap_or_default().to_string(), o.size().unwrap_or(0)));
+                out.push((
+                    o.key().unwrap_or_default().to_string(),
+                    o.size().unwrap_or(0),
+                ));
             }
             token = page.next_continuation_token().map(str::to_string);
             if token.is_none() {
@@ -109,16 +112,26 @@ fn rsync_a_copies_a_tree_and_a_second_run_transfers_nothing() {
     let (src, _) = make_tree("rsync", 300);
     let m = Mount::new(&b, &[]);
     let dst = m.join("copy");
-    run(Command::new("rsync").arg("-a").arg(format!("{}/", src.display())).arg(&dst));
+    run(Command::new("rsync")
+        .arg("-a")
+        .arg(format!("{}/", src.display()))
+        .arg(&dst));
     diff(&src, &dst);
     // Every file under its name on the server; no temporary `.name.XXXXXX` objects left.
     let keys = server_keys(&b);
     assert_eq!(keys.len(), 300, "{:?}", &keys[..keys.len().min(5)]);
-    assert!(keys.iter().all(|(k, _)| !k.contains("/.f")), "stray temporary objects");
+    assert!(
+        keys.iter().all(|(k, _)| !k.contains("/.f")),
+        "stray temporary objects"
+    );
     assert_eq!(open_uploads(&b), 0);
     // Modes and mtimes are stored and reported back.
     let meta = server_meta(&b, "copy/d1/e1/f001.bin");
-    assert_eq!(meta.get("mode").map(String::as_str), Some("33152"), "0600 regular file");
+    assert_eq!(
+        meta.get("mode").map(String::as_str),
+        Some("33152"),
+        "0600 regular file"
+    );
     let local = std::fs::metadata(src.join("d1/e1/f001.bin")).unwrap();
     let mounted = std::fs::metadata(dst.join("d1/e1/f001.bin")).unwrap();
     assert_eq!(mounted.modified().unwrap(), local.modified().unwrap());
@@ -158,10 +171,16 @@ fn cp_mv_tar_find_du_and_rm_r_work_on_trees() {
     diff(&src, &m.join("a"));
     let local = std::fs::metadata(src.join("d2/e2/f002.bin")).unwrap();
     let copied = std::fs::metadata(m.join("a/d2/e2/f002.bin")).unwrap();
-    assert_eq!(copied.modified().unwrap(), local.modified().unwrap(), "cp -a keeps mtimes");
+    assert_eq!(
+        copied.modified().unwrap(),
+        local.modified().unwrap(),
+        "cp -a keeps mtimes"
+    );
     assert_eq!(copied.permissions().mode() & 0o7777, 0o755);
     // du -s counts the bytes.
-    let du = run(Command::new("du").args(["-s", "-B1", "--apparent-size"]).arg(m.join("a")));
+    let du = run(Command::new("du")
+        .args(["-s", "-B1", "--apparent-size"])
+        .arg(m.join("a")));
     let du: u64 = du.split_whitespace().next().unwrap().parse().unwrap();
     assert_eq!(du, total);
     // mv of a file, and over an existing file.
@@ -172,12 +191,18 @@ fn cp_mv_tar_find_du_and_rm_r_work_on_trees() {
     let (x, y) = (m.join("a/d1/e1/f001.bin"), m.join("a/d2/e2/f002.bin"));
     run(Command::new("mv").arg(&x).arg(&y));
     assert!(!x.exists());
-    assert!(std::fs::read(&y).unwrap() == pattern(40 << 20, 1), "replaced");
+    assert!(
+        std::fs::read(&y).unwrap() == pattern(40 << 20, 1),
+        "replaced"
+    );
     assert!(backend_get(&b, "a/d2/e2/f002.bin").unwrap() == pattern(40 << 20, 1));
     assert_eq!(backend_get(&b, "a/d1/e1/f001.bin"), None);
     assert_eq!(
         std::fs::metadata(&y).unwrap().modified().unwrap(),
-        std::fs::metadata(src.join("d1/e1/f001.bin")).unwrap().modified().unwrap(),
+        std::fs::metadata(src.join("d1/e1/f001.bin"))
+            .unwrap()
+            .modified()
+            .unwrap(),
         "attributes travel with the rename"
     );
     // mv of a directory: EXDEV, so mv copies and deletes.
@@ -187,16 +212,28 @@ fn cp_mv_tar_find_du_and_rm_r_work_on_trees() {
     assert!(server_keys(&b).iter().all(|(k, _)| !k.starts_with("r/")));
     // tar -x.
     let tarball = work_dir().join(format!("tree-{}.tar", std::process::id()));
-    run(Command::new("tar").arg("-cf").arg(&tarball).arg("-C").arg(&src).arg("."));
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&src)
+        .arg("."));
     std::fs::create_dir(m.join("t")).unwrap();
-    run(Command::new("tar").arg("-xf").arg(&tarball).arg("-C").arg(m.join("t")));
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(m.join("t")));
     diff(&src, &m.join("t"));
     // find -newer: only what was written after the reference.
     std::thread::sleep(Duration::from_millis(1100));
     std::fs::write(m.join("t/ref"), b"r").unwrap();
     std::thread::sleep(Duration::from_millis(1100));
     std::fs::write(m.join("t/d0/new.txt"), b"n").unwrap();
-    let newer = run(Command::new("find").arg(m.join("t")).args(["-type", "f", "-newer"]).arg(m.join("t/ref")));
+    let newer = run(Command::new("find")
+        .arg(m.join("t"))
+        .args(["-type", "f", "-newer"])
+        .arg(m.join("t/ref")));
     assert_eq!(newer.trim(), m.join("t/d0/new.txt").display().to_string());
     // rm -r of everything: nothing left on the server.
     for d in ["a", "r2", "t"] {
@@ -216,7 +253,10 @@ fn mkdir_and_rmdir() {
     put(&b, "full/x", b"x".to_vec());
     let m = Mount::new(&b, &["--metadata-ttl", "0"]);
     std::fs::create_dir(m.join("local")).unwrap();
-    assert!(m.join("local").is_dir(), "a new directory is there before any key");
+    assert!(
+        m.join("local").is_dir(),
+        "a new directory is there before any key"
+    );
     assert_eq!(server_keys(&b).len(), 1, "no marker without --dir-markers");
     std::fs::write(m.join("local/f"), b"f").unwrap();
     assert_eq!(backend_get(&b, "local/f").unwrap(), b"f");
@@ -225,7 +265,9 @@ fn mkdir_and_rmdir() {
     let e = std::fs::remove_dir(m.join("full")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
     assert_eq!(
-        std::fs::create_dir(m.join("full")).unwrap_err().raw_os_error(),
+        std::fs::create_dir(m.join("full"))
+            .unwrap_err()
+            .raw_os_error(),
         Some(libc::EEXIST)
     );
     std::fs::remove_file(m.join("local/f")).unwrap();
@@ -256,23 +298,42 @@ fn chmod_chown_utimes_and_truncate_are_stored() {
     let t = UNIX_EPOCH + Duration::new(1_500_000_000, 250_000_000);
     let path = std::ffi::CString::new(f.to_string_lossy().as_bytes()).unwrap();
     let times = [
-        libc::timespec { tv_sec: 1_500_000_000, tv_nsec: 250_000_000 },
-        libc::timespec { tv_sec: 1_500_000_000, tv_nsec: 250_000_000 },
+        libc::timespec {
+            tv_sec: 1_500_000_000,
+            tv_nsec: 250_000_000,
+        },
+        libc::timespec {
+            tv_sec: 1_500_000_000,
+            tv_nsec: 250_000_000,
+        },
     ];
     // SAFETY: valid path and times.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) }, 0);
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
     // SAFETY: valid path; chown to another owner (the tests run as root).
     assert_eq!(unsafe { libc::chown(path.as_ptr(), 1234, 5678) }, 0);
     let meta = server_meta(&b, "f");
     assert_eq!(meta.get("mode").map(String::as_str), Some("33256"));
-    assert_eq!(meta.get("mtime").map(String::as_str), Some("1500000000.250000000"));
+    assert_eq!(
+        meta.get("mtime").map(String::as_str),
+        Some("1500000000.250000000")
+    );
     assert_eq!(meta.get("uid").map(String::as_str), Some("1234"));
-    assert_eq!(backend_get(&b, "f").unwrap(), pattern(1000, 1), "content untouched");
+    assert_eq!(
+        backend_get(&b, "f").unwrap(),
+        pattern(1000, 1),
+        "content untouched"
+    );
     drop(m);
     let m = Mount::new(&b, &["--multipart-copy-threshold", "5MiB"]);
     let st = std::fs::metadata(m.join("f")).unwrap();
     use std::os::unix::fs::MetadataExt;
-    assert_eq!((st.mode() & 0o7777, st.uid(), st.gid()), (0o750, 1234, 5678));
+    assert_eq!(
+        (st.mode() & 0o7777, st.uid(), st.gid()),
+        (0o750, 1234, 5678)
+    );
     assert_eq!(st.modified().unwrap(), t, "after a remount");
     // Rename and chmod of a multipart-copied object.
     std::fs::rename(m.join("big"), m.join("big2")).unwrap();
@@ -295,5 +356,8 @@ fn chmod_chown_utimes_and_truncate_are_stored() {
     // Directories keep their attributes for the life of the mount.
     std::fs::create_dir(m.join("d")).unwrap();
     std::fs::set_permissions(m.join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
-    assert_eq!(std::fs::metadata(m.join("d")).unwrap().permissions().mode() & 0o7777, 0o700);
+    assert_eq!(
+        std::fs::metadata(m.join("d")).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
 }
