@@ -71,6 +71,8 @@ const IO_SIZE: u32 = 1 << 20;
 /// Keys under one prefix that we log as hidden, at most once each.
 const HIDDEN_LOG_CAPACITY: u64 = 100_000;
 
+// Each lives in its own Arc: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum OpenFile {
     Read(u64, ObjectReader),
     Write(u64, write::WriteFile),
