@@ -90,6 +90,15 @@ echo "mount   $via_mount"
 echo "server  $via_server"
 [ "$want" = "$via_mount" ] && [ "$want" = "$via_server" ] || { echo "demo: written checkpoint differs" >&2; exit 1; }
 [ "$(s3 "$endpoint/demo/checkpoints/train-log.txt")" = "run 42: loss 0.173" ] || { echo "demo: train-log.txt differs" >&2; exit 1; }
+
+echo "== rsync -a of a small tree, mv, rm (server-side copy + delete)"
+mkdir -p "$work/runs/a/b" && echo one >"$work/runs/a/1.txt" && echo two >"$work/runs/a/b/2.txt"
+rsync -a "$work/runs/" "$mnt/runs/"
+diff -r "$work/runs" "$mnt/runs" && echo "rsync: identical"
+mv "$mnt/checkpoints/model.pt" "$mnt/checkpoints/model-final.pt"
+ls -l "$mnt/checkpoints"
+[ "$(s3 "$endpoint/demo/checkpoints/model-final.pt" | sha256sum | cut -d' ' -f1)" = "$want" ] || { echo "demo: renamed checkpoint differs" >&2; exit 1; }
+rm -r "$mnt/runs"
 echo "== unmounting"
 umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt"
 echo "demo: OK"

@@ -263,6 +263,20 @@ impl S3Fs {
         if self.negative_hit(&key) {
             return Err(Errno::ENOENT);
         }
+        // A name last seen as a file (in a listing, or an earlier lookup) is most likely still
+        // one: HeadObject alone answers it, stored attributes included. Anything else (gone,
+        // or turned into a directory) is left to the full probe.
+        if self.cfg.file_metadata {
+            if let Some(child) = self.inodes.child(parent, name) {
+                if child.kind == Kind::File {
+                    if let Ok(info) = self.rt.block_on(self.s3.head(&child.key)) {
+                        let stat = Stat::from(&info);
+                        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                        return Ok(self.attr(&child, &stat));
+                    }
+                }
+            }
+        }
         let dir_prefix = names::dir_prefix_of(&key);
         let probe = self.rt.block_on(self.probe(&key, &dir_prefix));
         let probe = probe.map_err(|e| self.fail("lookup", &e))?;
