@@ -361,3 +361,86 @@ fn chmod_chown_utimes_and_truncate_are_stored() {
         0o700
     );
 }
+
+// [S-NS-RENAME]
+#[test]
+fn rename_of_a_file_being_written_and_rename_noreplace() {
+    use std::io::Write;
+    let b = bucket("renw");
+    put(&b, "old", b"previous version".to_vec());
+    let m = Mount::new(&b, &["--write-part-size", "5MiB"]);
+    // A multipart file renamed while still open: stored under the new name only.
+    let data = pattern(12 << 20, 5);
+    let mut f = std::fs::File::create(m.join("draft")).unwrap();
+    f.write_all(&data[..8 << 20]).unwrap();
+    std::fs::rename(m.join("draft"), m.join("final")).unwrap();
+    f.write_all(&data[8 << 20..]).unwrap();
+    drop(f);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(backend_get(&b, "final").unwrap() == data);
+    assert_eq!(backend_get(&b, "draft"), None);
+    // An overwrite of an existing object renamed while open: the old name is gone too.
+    let mut f = std::fs::File::create(m.join("old")).unwrap();
+    f.write_all(b"new version").unwrap();
+    std::fs::rename(m.join("old"), m.join("renamed")).unwrap();
+    drop(f);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(backend_get(&b, "renamed").unwrap(), b"new version");
+    assert_eq!(backend_get(&b, "old"), None);
+    assert_eq!(open_uploads(&b), 0);
+    // renameat2(RENAME_NOREPLACE) onto an existing name.
+    let (a, c) = (
+        std::ffi::CString::new(m.join("final").to_string_lossy().as_bytes()).unwrap(),
+        std::ffi::CString::new(m.join("renamed").to_string_lossy().as_bytes()).unwrap(),
+    );
+    // SAFETY: valid paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(backend_get(&b, "renamed").unwrap(), b"new version");
+}
+
+// [S-NS-UNLINK]
+#[test]
+fn unlink_while_a_reader_has_the_file_open() {
+    use std::io::Read;
+    let b = bucket("unl");
+    let data = pattern(24 << 20, 6);
+    put(&b, "f", data.clone());
+    let m = Mount::new(&b, &["--read-part-size", "1MiB", "--max-prefetch", "2MiB"]);
+    let mut r = std::fs::File::open(m.join("f")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    r.read_exact(&mut buf).unwrap();
+    std::fs::remove_file(m.join("f")).unwrap();
+    assert_eq!(backend_get(&b, "f"), None);
+    assert!(!m.join("f").exists());
+    // The reader gets the old bytes (cached) or a clean error, never anything else.
+    let mut off = 1 << 20;
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                assert!(buf[..n] == data[off..off + n], "bytes at {off}");
+                off += n;
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESTALE)),
+                    "{e}"
+                );
+                break;
+            }
+        }
+    }
+}
