@@ -11,4 +11,5 @@ pub mod rdma;
 pub mod read;
 pub mod s3;
 pub mod startup;
+pub mod stats;
 pub mod upload;

@@ -6,6 +6,9 @@ fn main() {
         print!("{}", s3rdma::rdma::version_report());
         return;
     }
+    if args.get(1).map(String::as_str) == Some("stats") {
+        std::process::exit(s3rdma::stats::run(&args[2..]));
+    }
     let cli = s3rdma::cli::Cli::parse();
     match s3rdma::cli::Settings::from_cli(cli) {
         Ok(settings) => s3rdma::mount::run(settings),

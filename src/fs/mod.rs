@@ -20,7 +20,7 @@ use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
     ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, debug_span, info, warn};
@@ -68,6 +68,10 @@ const BLOCK_SIZE: u32 = 4096;
 /// The preferred I/O size `stat` reports (`st_blksize`): `cp`, `cat` and stdio size their
 /// buffers by it, and 1 MiB writes cost an eighth of the FUSE requests of the usual 128 KiB.
 const IO_SIZE: u32 = 1 << 20;
+/// The extended attribute of the mount's root that holds the live counters
+/// (`s3rdma stats MOUNTPOINT` reads it).
+pub const STATS_XATTR: &str = "user.s3rdma.stats";
+
 /// Keys under one prefix that we log as hidden, at most once each.
 const HIDDEN_LOG_CAPACITY: u64 = 100_000;
 
@@ -559,6 +563,26 @@ impl S3Fs {
         Ok(cached.clone().unwrap_or_default())
     }
 
+    /// The live counters, one `name value` per line.
+    pub fn stats_text(&self) -> String {
+        let writes = self
+            .uploader
+            .as_ref()
+            .map(|u| u.summary())
+            .unwrap_or_default();
+        let files = self.lock_files().len();
+        let writing = self.writing.lock().map(|w| w.len()).unwrap_or(0);
+        format!(
+            "{} {} {writes} open_files={files} files_being_written={writing}",
+            self.s3.stats().summary(),
+            self.cache.stats.summary()
+        )
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| format!("{k} {v}\n"))
+        .collect()
+    }
+
     fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -924,6 +948,22 @@ impl fuser::Filesystem for S3Fs {
             names::NAME_MAX as u32,
             BLOCK_SIZE,
         );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // Only the root's counters; anything else is unsupported (EOPNOTSUPP, not ENOSYS,
+        // which would make the kernel stop asking for good).
+        if ino.0 != ROOT_INO || name != STATS_XATTR {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let text = self.stats_text();
+        if size == 0 {
+            reply.size(text.len() as u32);
+        } else if text.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(text.as_bytes());
+        }
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {

@@ -1,6 +1,7 @@
 //! The pinned page cache: correctness under concurrency, eviction, tiny caches, bounded memory.
 
 use std::io::{Read, Seek, SeekFrom};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -311,4 +312,45 @@ fn a_sequential_scan_does_not_evict_blocks_that_are_read_again() {
         })
         .count();
     assert_eq!(hot_gets, 1, "the hot block survived the scan (drop-behind)");
+}
+
+// [S-STATS-CMD]
+#[test]
+fn s3rdma_stats_shows_the_bytes_a_read_just_moved() {
+    let b = bucket("stats-cmd");
+    let data = pattern(3 << 20, 71);
+    put(&b, "f", data.clone());
+    let m = Mount::new(&b, &[]);
+    assert!(std::fs::read(m.join("f")).unwrap() == data);
+    let out = Command::new(bin())
+        .arg("stats")
+        .arg(&m.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let get = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+    };
+    assert!(
+        get("rdma_bytes_read") + get("http_bytes_read") >= data.len() as u64,
+        "{text}"
+    );
+    assert!(get("cache_misses") >= 1);
+    let _ = get("parts_uploaded");
+    // Not a mount: a clear error.
+    let out = Command::new(bin())
+        .arg("stats")
+        .arg(work_dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not the root of an s3rdma mount"));
 }
