@@ -8,5 +8,6 @@ mod rdma;
 mod read;
 mod semantics;
 mod startup;
+mod system;
 mod tree;
 mod write;

@@ -1,0 +1,161 @@
+//! The system's mount: `mount -t fuse.s3rdma` through mount.fuse3, an fstab line, and their
+//! errors. mount.fuse3 finds `s3rdma` on the system PATH only, so the test links
+//! /usr/local/bin/s3rdma to the binary under test for its duration (and skips if another
+//! s3rdma is installed there).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+const INSTALLED: &str = "/usr/local/bin/s3rdma";
+
+/// The link to the binary under test, removed on drop.
+struct Linked;
+
+impl Linked {
+    fn new() -> Option<Linked> {
+        let target = Path::new(INSTALLED);
+        match std::fs::read_link(target) {
+            Ok(p) if p == Path::new(bin()) => return Some(Linked),
+            Ok(_) | Err(_) if target.exists() => return None,
+            _ => {}
+        }
+        std::fs::create_dir_all("/usr/local/bin").ok()?;
+        std::os::unix::fs::symlink(bin(), target).ok()?;
+        Some(Linked)
+    }
+}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(INSTALLED);
+    }
+}
+
+/// Unmounts (lazily, if need be) on drop.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+fn mount_cmd() -> Command {
+    let mut c = Command::new("mount");
+    c.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    c
+}
+
+fn unmount(path: &Path) {
+    let st = Command::new("umount").arg(path).status().unwrap();
+    assert!(st.success(), "umount");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_mounted(path) {
+        assert!(Instant::now() < deadline, "still mounted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// [S-MOUNT-T]
+#[test]
+fn mount_t_fuse_s3rdma_and_an_fstab_line_work_and_fail_with_the_message() {
+    let Some(_link) = Linked::new() else {
+        eprintln!("skipped: {INSTALLED} is another installation of s3rdma");
+        return;
+    };
+    let b = bucket("mount-t");
+    put(&b, "hello.txt", b"hello from mount -t".to_vec());
+    let mnt = mountpoint();
+    let _guard = Mounted(mnt.clone());
+    let opts = format!(
+        "endpoint_url={},force_path_style,rw,nodev,nosuid,_netdev,cache_size=64M,write_buffer_size=32M",
+        server().endpoint
+    );
+    let out = mount_cmd()
+        .args(["-t", "fuse.s3rdma", &b])
+        .arg(&mnt)
+        .args(["-o", &opts])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -t: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(is_mounted(&mnt));
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"hello from mount -t"
+    );
+    std::fs::write(mnt.join("written.txt"), b"w").unwrap();
+    assert_eq!(backend_get(&b, "written.txt").unwrap(), b"w");
+    // A second mount on the same mountpoint fails clearly.
+    let out = mount_cmd()
+        .args(["-t", "fuse.s3rdma", &b])
+        .arg(&mnt)
+        .args(["-o", &opts])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already a mountpoint"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    unmount(&mnt);
+
+    // An fstab line (an alternate fstab file, mount -T).
+    let fstab = work_dir().join(format!("fstab-{}", std::process::id()));
+    std::fs::write(
+        &fstab,
+        format!(
+            "{b} {} fuse.s3rdma {opts},nofail,x-systemd.automount 0 0\n",
+            mnt.display()
+        ),
+    )
+    .unwrap();
+    let out = mount_cmd()
+        .arg("-T")
+        .arg(&fstab)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -T: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"hello from mount -t"
+    );
+    unmount(&mnt);
+    let _ = std::fs::remove_file(&fstab);
+
+    // Errors: mount exits non-zero with the daemon's message.
+    for (extra, want) in [
+        ("colour=blue", "unknown mount option 'colour'"),
+        (
+            "endpoint_url=http://127.0.0.1:1",
+            "cannot reach the S3 endpoint",
+        ),
+    ] {
+        let out = mount_cmd()
+            .args(["-t", "fuse.s3rdma", &b])
+            .arg(&mnt)
+            .args(["-o", &format!("{opts},{extra}")])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra}: mount succeeded");
+        assert!(err.contains(want), "{extra}: {err}");
+        assert!(!is_mounted(&mnt));
+    }
+}
