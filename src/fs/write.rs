@@ -235,7 +235,6 @@ impl S3Fs {
             return Err(Errno::EBADF);
         };
         let mut up = self.rt.block_on(w.upload.lock());
-        up.set_meta(&w.writing.meta());
         match self.rt.block_on(up.write(offset, data)) {
             Ok(()) => {
                 w.writing.touch(up.size());
@@ -290,7 +289,6 @@ impl S3Fs {
     /// Store the file (once; later calls return the same outcome).
     fn commit(&self, ino: u64, w: &WriteFile) -> FsResult<()> {
         let mut up = self.rt.block_on(w.upload.lock());
-        up.set_meta(&w.writing.meta());
         let was_open = up.is_open();
         let result = self.rt.block_on(up.commit());
         {

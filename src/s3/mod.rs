@@ -727,12 +727,6 @@ impl S3Client {
         }
     }
 
-    /// Whether conditional writes are known to be refused by this server.
-    pub fn conditional_writes_refused(&self) -> bool {
-        self.no_conditional_writes
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     /// DeleteObject (deleting a missing key succeeds, as in S3).
     pub async fn delete_object(&self, key: &str) -> Result<(), S3Error> {
         let start = Instant::now();
@@ -1218,5 +1212,51 @@ where
         code,
         message,
         request_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_501_to_a_conditional_write_turns_conditions_off_for_the_mount() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let s3 = rt.block_on(S3Client::new(&S3Options {
+            bucket: "b".into(),
+            endpoint_url: Some("http://127.0.0.1:1".into()),
+            no_sign_request: true,
+            ..Default::default()
+        }));
+        let cond = Condition::IfMatch("\"e\"".into());
+        let err = |status| S3Error {
+            status: Some(status),
+            ..S3Error::new(S3ErrorKind::ServerError, "PutObject", "k", "x")
+        };
+        // Another failure, or a 501 to an unconditional write, changes nothing.
+        assert_eq!(
+            s3.note_unsupported(&cond, err(500)).kind,
+            S3ErrorKind::ServerError
+        );
+        assert_eq!(
+            s3.note_unsupported(&Condition::None, err(501)).kind,
+            S3ErrorKind::ServerError
+        );
+        assert_eq!(s3.usable(&cond), cond);
+        let e = s3.note_unsupported(&cond, err(501));
+        assert_eq!(
+            (e.kind, e.errno()),
+            (S3ErrorKind::Unsupported, libc::EOPNOTSUPP)
+        );
+        assert_eq!(s3.usable(&cond), Condition::None);
+        assert_eq!(s3.usable(&Condition::IfNoneMatch), Condition::None);
+    }
+
+    #[test]
+    fn copy_source_keys_are_percent_encoded() {
+        assert_eq!(encode_key("a/b c+d%é"), "a/b%20c%2Bd%25%C3%A9");
     }
 }

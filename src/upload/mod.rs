@@ -75,10 +75,6 @@ impl Uploader {
         }
     }
 
-    pub fn pool(&self) -> &Arc<WritePool> {
-        &self.pool
-    }
-
     /// Blocks in part `n` (1-based).
     pub fn blocks_for_part(&self, n: i32) -> usize {
         let doublings = ((n.max(1) - 1) / PARTS_PER_SIZE).min(30) as u32;
@@ -215,21 +211,9 @@ pub struct Upload {
 }
 
 impl Upload {
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// Bytes accepted so far.
     pub fn size(&self) -> u64 {
         self.size
-    }
-
-    /// The object this upload stored, once committed.
-    pub fn committed(&self) -> Option<&ObjectInfo> {
-        match &self.state {
-            State::Committed(info) => Some(info),
-            _ => None,
-        }
     }
 
     pub fn is_open(&self) -> bool {
@@ -239,10 +223,6 @@ impl Upload {
     /// Attributes set while the file is written (chmod, chown, utimes on it).
     pub fn set_meta(&mut self, m: &FileMeta) {
         self.meta = self.meta.merged(m);
-    }
-
-    pub fn meta(&self) -> &FileMeta {
-        &self.meta
     }
 
     /// Store the file under `key` instead (a rename while it is written). Nothing is stored

@@ -249,14 +249,6 @@ pub struct Part {
 }
 
 impl Part {
-    pub fn len(&self) -> usize {
-        self.bytes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
     /// The bytes as an upload source: an RDMA window when the memory is registered.
     pub fn source(&self) -> PutSource<'_> {
         match self.window() {

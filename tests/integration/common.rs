@@ -501,3 +501,26 @@ pub fn run_to_end(mut cmd: Command, limit: Duration) -> (i32, String) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Multipart uploads still open in the bucket.
+pub fn open_uploads(bucket: &str) -> usize {
+    let c = client();
+    rt().block_on(async {
+        let out = c
+            .list_multipart_uploads()
+            .bucket(bucket)
+            .send()
+            .await
+            .expect("ListMultipartUploads");
+        out.uploads().len()
+    })
+}
+
+/// Wait (up to 5 s) until the server has `key`.
+pub fn wait_for_object(bucket: &str, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend_get(bucket, key).is_none() {
+        assert!(Instant::now() < deadline, "{key} never stored");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

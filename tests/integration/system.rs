@@ -53,6 +53,20 @@ fn mount_cmd() -> Command {
     c
 }
 
+/// `mount -t fuse.s3rdma BUCKET MOUNTPOINT -o OPTS`: (succeeded, stderr).
+fn mount_t(bucket: &str, mnt: &Path, opts: &str) -> (bool, String) {
+    let out = mount_cmd()
+        .args(["-t", "fuse.s3rdma", bucket])
+        .arg(mnt)
+        .args(["-o", opts])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn unmount(path: &Path) {
     let st = Command::new("umount").arg(path).status().unwrap();
     assert!(st.success(), "umount");
@@ -78,17 +92,8 @@ fn mount_t_fuse_s3rdma_and_an_fstab_line_work_and_fail_with_the_message() {
         "endpoint_url={},force_path_style,rw,nodev,nosuid,_netdev,cache_size=64M,write_buffer_size=32M",
         server().endpoint
     );
-    let out = mount_cmd()
-        .args(["-t", "fuse.s3rdma", &b])
-        .arg(&mnt)
-        .args(["-o", &opts])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mount -t: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, err) = mount_t(&b, &mnt, &opts);
+    assert!(ok, "mount -t: {err}");
     assert!(is_mounted(&mnt));
     assert_eq!(
         std::fs::read(mnt.join("hello.txt")).unwrap(),
@@ -97,18 +102,9 @@ fn mount_t_fuse_s3rdma_and_an_fstab_line_work_and_fail_with_the_message() {
     std::fs::write(mnt.join("written.txt"), b"w").unwrap();
     assert_eq!(backend_get(&b, "written.txt").unwrap(), b"w");
     // A second mount on the same mountpoint fails clearly.
-    let out = mount_cmd()
-        .args(["-t", "fuse.s3rdma", &b])
-        .arg(&mnt)
-        .args(["-o", &opts])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("already a mountpoint"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, err) = mount_t(&b, &mnt, &opts);
+    assert!(!ok);
+    assert!(err.contains("already a mountpoint"), "{err}");
     unmount(&mnt);
 
     // An fstab line (an alternate fstab file, mount -T).
@@ -147,14 +143,8 @@ fn mount_t_fuse_s3rdma_and_an_fstab_line_work_and_fail_with_the_message() {
             "cannot reach the S3 endpoint",
         ),
     ] {
-        let out = mount_cmd()
-            .args(["-t", "fuse.s3rdma", &b])
-            .arg(&mnt)
-            .args(["-o", &format!("{opts},{extra}")])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{extra}: mount succeeded");
+        let (ok, err) = mount_t(&b, &mnt, &format!("{opts},{extra}"));
+        assert!(!ok, "{extra}: mount succeeded");
         assert!(err.contains(want), "{extra}: {err}");
         assert!(!is_mounted(&mnt));
     }

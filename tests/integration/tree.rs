@@ -36,19 +36,6 @@ fn server_keys(bucket: &str) -> Vec<(String, i64)> {
     })
 }
 
-fn open_uploads(bucket: &str) -> usize {
-    let c = client();
-    rt().block_on(async {
-        c.list_multipart_uploads()
-            .bucket(bucket)
-            .send()
-            .await
-            .expect("ListMultipartUploads")
-            .uploads()
-            .len()
-    })
-}
-
 fn server_meta(bucket: &str, key: &str) -> std::collections::HashMap<String, String> {
     let c = client();
     rt().block_on(async {

@@ -44,29 +44,6 @@ fn errno_of(r: std::io::Result<()>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
 
-/// Multipart uploads still open in the bucket.
-fn open_uploads(bucket: &str) -> usize {
-    let c = client();
-    rt().block_on(async {
-        let out = c
-            .list_multipart_uploads()
-            .bucket(bucket)
-            .send()
-            .await
-            .expect("ListMultipartUploads");
-        out.uploads().len()
-    })
-}
-
-/// Wait (up to 5 s) until the server has `key`.
-fn wait_for_object(bucket: &str, key: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while backend_get(bucket, key).is_none() {
-        assert!(std::time::Instant::now() < deadline, "{key} never stored");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn sha_of_file(path: &Path) -> Vec<u8> {
     let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut h = Sha256::new();
