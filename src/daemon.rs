@@ -9,18 +9,23 @@ use std::os::fd::{FromRawFd, OwnedFd};
 pub struct Readiness {
     /// The pipe to the waiting parent; `None` in the foreground.
     pipe: Option<File>,
+    /// Keep stderr open when detaching (the log goes there: the systemd journal).
+    pub keep_stderr: bool,
 }
 
 impl Readiness {
     pub fn foreground() -> Self {
-        Readiness { pipe: None }
+        Readiness {
+            pipe: None,
+            keep_stderr: true,
+        }
     }
 
     /// The mount is up: release the parent (exit 0) and detach from its terminal.
     pub fn ready(&mut self) {
         if let Some(mut p) = self.pipe.take() {
             let _ = p.write_all(b"OK\n");
-            detach_stdio();
+            detach_stdio(self.keep_stderr);
         }
     }
 
@@ -55,6 +60,7 @@ pub fn daemonize() -> std::io::Result<Readiness> {
             unsafe { libc::setsid() };
             Ok(Readiness {
                 pipe: Some(File::from(wr)),
+                keep_stderr: false,
             })
         }
         _child => {
@@ -73,14 +79,16 @@ pub fn daemonize() -> std::io::Result<Readiness> {
     }
 }
 
-fn detach_stdio() {
+fn detach_stdio(keep_stderr: bool) {
     // SAFETY: open/dup2 on valid fds; failures leave the fds as they were.
     unsafe {
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null >= 0 {
             libc::dup2(null, 0);
             libc::dup2(null, 1);
-            libc::dup2(null, 2);
+            if !keep_stderr {
+                libc::dup2(null, 2);
+            }
             if null > 2 {
                 libc::close(null);
             }

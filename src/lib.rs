@@ -5,6 +5,7 @@ pub mod cli;
 pub mod daemon;
 pub mod endpoint;
 pub mod fs;
+pub mod lifecycle;
 pub mod logging;
 pub mod mount;
 pub mod rdma;

@@ -3,7 +3,7 @@
 use std::sync::{Arc, OnceLock};
 
 use fuser::{MountOption, SessionACL};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::cache::Cache;
 use crate::cli::Settings;
@@ -12,7 +12,7 @@ use crate::fs::S3Fs;
 use crate::s3::S3Client;
 use crate::upload::pool::WritePool;
 use crate::upload::Uploader;
-use crate::{logging, startup};
+use crate::{lifecycle, logging, startup};
 
 /// Mount and serve until unmounted. Never returns: exits 0 after a clean unmount, 1 on failure.
 pub fn run(settings: Settings) -> ! {
@@ -28,7 +28,9 @@ pub fn run(settings: Settings) -> ! {
             Err(e) => Readiness::foreground().fail(&format!("cannot start the daemon: {e}")),
         }
     };
-    if let Err(msg) = logging::init(&settings.log_level, settings.log_file.as_deref()) {
+    let log_target = logging::Target::choose(settings.log_file.as_deref(), !settings.foreground);
+    readiness.keep_stderr = log_target.uses_stderr();
+    if let Err(msg) = logging::init(&settings.log_level, &log_target) {
         readiness.fail(&msg);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -55,7 +57,7 @@ pub fn run(settings: Settings) -> ! {
 
     // Catch SIGTERM/SIGINT from before the kernel mount exists: a signal that arrives while
     // mounting is kept, and unmounts as soon as the session is up.
-    let (mut term, mut int) = {
+    let (term, int) = {
         use tokio::signal::unix::{signal, SignalKind};
         let _guard = rt.enter();
         match (
@@ -122,6 +124,7 @@ pub fn run(settings: Settings) -> ! {
         notifier.clone(),
         uploader.clone(),
     );
+    let control = fs.control();
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(&settings);
     config.acl = if settings.allow_other {
@@ -134,7 +137,7 @@ pub fn run(settings: Settings) -> ! {
     config.n_threads = Some(settings.max_threads);
     config.clone_fd = true;
 
-    let mut session = match fuser::Session::new(fs, &mountpoint, &config) {
+    let session = match fuser::Session::new(fs, &mountpoint, &config) {
         Ok(s) => s,
         Err(e) => readiness.fail(&format!(
             "cannot mount on {}: {e}{}",
@@ -147,32 +150,20 @@ pub fn run(settings: Settings) -> ! {
         )),
     };
     let _ = notifier.set(session.notifier());
-    set_read_ahead(&mountpoint, settings.read_ahead_kb);
-    let mut unmounter = session.unmount_callable();
-    let shown = mountpoint.display().to_string();
-    rt.spawn(async move {
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        info!(signal = name, mountpoint = %shown, "unmounting");
-        // A file closed just before the signal is released by the kernel a moment later;
-        // until then the mount is busy. Retry for a few seconds before giving up.
-        let mut tries = 0;
-        loop {
-            match unmounter.unmount() {
-                Ok(()) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 50 => {
-                    tries += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                Err(e) => {
-                    error!(error = %e, "unmount failed (files still open?); unmount by hand with fusermount3 -u");
-                    break;
-                }
-            }
-        }
-    });
+    let dev = lifecycle::mount_dev(&mountpoint);
+    if let Some(dev) = &dev {
+        set_read_ahead(dev, settings.read_ahead_kb);
+    }
+    rt.spawn(lifecycle::on_signals(
+        term,
+        int,
+        lifecycle::Shutdown {
+            mountpoint: mountpoint.clone(),
+            dev: dev.clone(),
+            grace: settings.shutdown_grace,
+            control: control.clone(),
+        },
+    ));
 
     info!(
         bucket = %settings.bucket,
@@ -199,21 +190,55 @@ pub fn run(settings: Settings) -> ! {
     }
     readiness.ready();
     let result = session.run();
-    match result {
-        Ok(()) => {
-            let summary = summary();
-            if let Some(path) = &settings.stats_file {
-                write_stats(path, &summary);
+    // From here the process must end, whatever is stuck.
+    lifecycle::watchdog(std::time::Duration::from_secs(60), "final release");
+    if let Err(e) = &result {
+        error!(error = %e, "FUSE session ended with an error");
+    }
+    // A connection ended by the kernel leaves its mount behind ("Transport endpoint is not
+    // connected"): detach it, if it is still ours.
+    if lifecycle::is_mounted(&mountpoint, dev.as_deref()) {
+        match lifecycle::unmount(&mountpoint, true) {
+            Ok(()) => {
+                info!(mountpoint = %mountpoint.display(), "detached the mount left by the ended connection")
             }
-            info!(mountpoint = %mountpoint.display(), stats = %summary, "unmounted");
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            std::process::exit(0)
-        }
-        Err(e) => {
-            error!(error = %e, "FUSE session ended with an error");
-            std::process::exit(1)
+            Err(e) => warn!(error = %e, "cannot detach the ended mount; run fusermount3 -uz on it"),
         }
     }
+    let summary_text = summary();
+    if let Some(path) = &settings.stats_file {
+        write_stats(path, &summary_text);
+    }
+    info!(mountpoint = %mountpoint.display(), stats = %summary_text, "unmounted");
+    // Release everything registered with cuObject: tasks first (they hold blocks and
+    // tokens), then the cache and the write buffers.
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    drop(summary);
+    drop(cache);
+    drop(uploader);
+    let live = cuobj_ffi::live();
+    if live == cuobj_ffi::Live::default() {
+        info!(
+            registrations = live.registrations,
+            tokens = live.tokens,
+            "released every RDMA registration and token"
+        );
+    } else {
+        warn!(
+            registrations = live.registrations,
+            registered_bytes = live.registered_bytes,
+            tokens = live.tokens,
+            "RDMA resources still held at exit; the process exit releases them"
+        );
+    }
+    let aborted = control.aborted();
+    if aborted > 0 {
+        error!(
+            files = aborted,
+            "exiting with an error: files being written were not stored (see the log above)"
+        );
+    }
+    std::process::exit(if result.is_err() || aborted > 0 { 1 } else { 0 })
 }
 
 /// Replace `path` (atomically, by rename) with the counters, one `name value` per line.
@@ -229,23 +254,11 @@ fn write_stats(path: &std::path::Path, summary: &str) {
     }
 }
 
-/// Raise the kernel's read-ahead for this mount (its bdi `read_ahead_kb`), so buffered reads
-/// arrive in large requests. Needs root; otherwise the kernel default stays.
-fn set_read_ahead(mountpoint: &std::path::Path, kb: u32) {
-    // The device number comes from /proc/self/mountinfo: a stat of the mountpoint would ask
-    // this very file system, which does not serve requests yet.
-    let want = mountpoint.to_string_lossy();
-    let dev = std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .rfind(|l| l.split(' ').nth(4) == Some(want.as_ref()))
-                .and_then(|l| l.split(' ').nth(2).map(str::to_string))
-        });
-    let Some(dev) = dev else {
-        tracing::debug!("mount not found in mountinfo; kernel read-ahead unchanged");
-        return;
-    };
+/// Raise the kernel's read-ahead for this mount (its bdi `read_ahead_kb`, by the device number
+/// from mountinfo: a stat of the mountpoint would ask this very file system, which does not
+/// serve requests yet), so buffered reads arrive in large requests. Needs root; otherwise the
+/// kernel default stays.
+fn set_read_ahead(dev: &str, kb: u32) {
     let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     match std::fs::write(&path, kb.to_string()) {
         Ok(()) => tracing::debug!(path, kb, "kernel read-ahead set"),

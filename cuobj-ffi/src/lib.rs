@@ -12,7 +12,30 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+
+static LIVE_REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
+static LIVE_REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
+static LIVE_TOKENS: AtomicUsize = AtomicUsize::new(0);
+
+/// What this process holds of cuObject right now: registrations (and their bytes) not yet
+/// deregistered, tokens not yet freed. All three are 0 once everything is released.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub registrations: usize,
+    pub registered_bytes: usize,
+    pub tokens: usize,
+}
+
+/// The registrations and tokens alive in this process.
+pub fn live() -> Live {
+    Live {
+        registrations: LIVE_REGISTRATIONS.load(Ordering::Relaxed),
+        registered_bytes: LIVE_REGISTERED_BYTES.load(Ordering::Relaxed),
+        tokens: LIVE_TOKENS.load(Ordering::Relaxed),
+    }
+}
 
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code)]
 mod sys {
@@ -167,6 +190,8 @@ impl Client {
                 memory_type(ptr)
             )));
         }
+        LIVE_REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE_REGISTERED_BYTES.fetch_add(len, Ordering::Relaxed);
         Ok(Registration {
             client: self,
             ptr,
@@ -238,12 +263,15 @@ impl Registration {
         // SAFETY: the library returned a NUL-terminated string it owns until put_token.
         let text = unsafe { CStr::from_ptr(out) }.to_str().map(str::to_owned);
         match text {
-            Ok(text) => Ok(Token {
-                client: self.client,
-                raw: out,
-                text,
-                _reg: PhantomData,
-            }),
+            Ok(text) => {
+                LIVE_TOKENS.fetch_add(1, Ordering::Relaxed);
+                Ok(Token {
+                    client: self.client,
+                    raw: out,
+                    text,
+                    _reg: PhantomData,
+                })
+            }
             Err(_) => {
                 // SAFETY: returning the string we were given.
                 unsafe { sys::s3rdma_cuobj_put_token(self.client.raw.as_ptr(), out) };
@@ -257,6 +285,8 @@ impl Drop for Registration {
     fn drop(&mut self) {
         // SAFETY: the pointer is the start of a live registration.
         unsafe { sys::s3rdma_cuobj_deregister(self.client.raw.as_ptr(), self.ptr.cast()) };
+        LIVE_REGISTRATIONS.fetch_sub(1, Ordering::Relaxed);
+        LIVE_REGISTERED_BYTES.fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
@@ -290,6 +320,7 @@ impl Drop for Token<'_> {
     fn drop(&mut self) {
         // SAFETY: the original pointer from get_token, freed once.
         unsafe { sys::s3rdma_cuobj_put_token(self.client.raw.as_ptr(), self.raw) };
+        LIVE_TOKENS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -440,6 +471,32 @@ impl Drop for RegisteredBuffer {
 mod tests {
     use super::*;
 
+    /// The live counters are process-wide: tests that register run one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[test]
+    fn live_counts_follow_registrations_and_tokens() {
+        let _s = serial();
+        let before = live();
+        let buf = RegisteredBuffer::new(1 << 16).expect("register");
+        let t1 = buf.registration().token(0, 4096, Op::Get).expect("token");
+        let t2 = OwnedToken::mint(buf.registration(), 4096, 4096, Op::Put).expect("token");
+        let now = live();
+        assert_eq!(now.registrations, before.registrations + 1);
+        assert_eq!(now.registered_bytes, before.registered_bytes + (1 << 16));
+        assert_eq!(now.tokens, before.tokens + 2);
+        drop(t1);
+        drop(buf);
+        // The owned token keeps its registration alive until it is freed.
+        assert_eq!(live().registrations, before.registrations + 1);
+        drop(t2);
+        assert_eq!(live(), before);
+    }
+
     #[test]
     fn limits_and_provider() {
         assert_eq!(max_registration_size(), 4 * 1024 * 1024 * 1024 - 64 * 1024);
@@ -453,6 +510,7 @@ mod tests {
     #[cfg(cuobj_provider = "loopback")]
     #[test]
     fn loopback_tokens_have_the_dc_v1_shape_and_window() {
+        let _s = serial();
         let c = client().expect("client");
         assert!(c.is_connected());
         let mut buf = RegisteredBuffer::new(1 << 20).expect("register");
@@ -483,6 +541,7 @@ mod tests {
 
     #[test]
     fn oversized_and_double_registrations_fail() {
+        let _s = serial();
         let c = client().expect("client");
         let mut v = vec![0u8; 4096];
         // SAFETY: no registration is created (size check fails first).

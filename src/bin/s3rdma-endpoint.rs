@@ -39,7 +39,7 @@ struct Args {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    if let Err(e) = s3rdma::logging::init(&args.log_level, None) {
+    if let Err(e) = s3rdma::logging::init(&args.log_level, &s3rdma::logging::Target::Stderr) {
         eprintln!("s3rdma-endpoint: error: {e}");
         std::process::exit(2);
     }

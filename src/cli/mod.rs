@@ -151,6 +151,11 @@ pub struct Cli {
     #[arg(long, value_name = "N", help_heading = "Mount")]
     pub max_threads: Option<usize>,
 
+    /// On SIGTERM/SIGINT: how long files open for writing get to be closed (and stored) before
+    /// their uploads are aborted and the mount is detached [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Mount")]
+    pub shutdown_grace: Option<Duration>,
+
     // ---- Caching and reads ----
     /// How long file attributes and directory entries are trusted before S3 is asked again
     /// (0 = always ask; 'indefinite' = never) [default: 1s]
@@ -322,6 +327,7 @@ impl Cli {
             "auto_unmount" => self.auto_unmount = flag(value)?,
             "foreground" => self.foreground = flag(value)?,
             "max_threads" => self.max_threads = Some(num(value)? as usize),
+            "shutdown_grace" => self.shutdown_grace = Some(with_key(key, parse_duration(&need(value)?))?),
             "metadata_ttl" => self.metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?),
             "negative_metadata_ttl" => {
                 self.negative_metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?)
@@ -408,6 +414,8 @@ pub struct Settings {
     pub auto_unmount: bool,
     pub foreground: bool,
     pub max_threads: usize,
+    /// How long files being written get at SIGTERM/SIGINT before they are aborted.
+    pub shutdown_grace: Duration,
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub stats_file: Option<PathBuf>,
@@ -521,6 +529,12 @@ impl Settings {
                 "max threads {max_threads} is out of range; use 1 to 1024 (default 16)"
             ));
         }
+        let shutdown_grace = cli.shutdown_grace.unwrap_or(Duration::from_secs(30));
+        if shutdown_grace > Duration::from_secs(24 * 3600) {
+            return Err(format!(
+                "shutdown grace {shutdown_grace:?} is out of range; use 0s to 24h (default 30s)"
+            ));
+        }
         let max_attempts = cli.max_attempts.unwrap_or(6);
         if max_attempts == 0 {
             return Err("max attempts must be at least 1 (1 = no retry)".into());
@@ -591,6 +605,7 @@ impl Settings {
             auto_unmount: cli.auto_unmount,
             foreground: cli.foreground,
             max_threads,
+            shutdown_grace,
             log_level: cli.log_level.unwrap_or_else(|| "info".into()),
             log_file: cli.log_file,
             stats_file: cli.stats_file,

@@ -3,6 +3,7 @@
 //! FUSE worker threads (`--max-threads`) call in concurrently; each blocks on the tokio runtime
 //! for its S3 requests, while read-ahead runs as tasks on that runtime.
 
+pub mod control;
 pub mod dir;
 pub mod inode;
 pub mod names;
@@ -99,7 +100,10 @@ pub struct S3Fs {
     inodes: InodeTable,
     negative: Option<moka::sync::Cache<String, ()>>,
     hidden_logged: moka::sync::Cache<String, ()>,
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    files: control::FileTable,
+    /// Set once the mount is shutting down: no new files are opened for writing.
+    closing: Arc<AtomicBool>,
+    aborted: Arc<std::sync::atomic::AtomicUsize>,
     /// Files being written in this mount, by inode.
     writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
     /// None on a read-only mount (no write buffers at all).
@@ -147,7 +151,9 @@ impl S3Fs {
             inodes: InodeTable::new(root_prefix),
             negative,
             hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
-            files: Mutex::new(HashMap::new()),
+            files: Arc::new(Mutex::new(HashMap::new())),
+            closing: Arc::new(AtomicBool::new(false)),
+            aborted: Default::default(),
             writing: Mutex::new(HashMap::new()),
             uploader,
             dirs: Mutex::new(HashMap::new()),
@@ -573,14 +579,25 @@ impl S3Fs {
         let files = self.lock_files().len();
         let writing = self.writing.lock().map(|w| w.len()).unwrap_or(0);
         format!(
-            "{} {} {writes} open_files={files} files_being_written={writing}",
+            "{} {} {writes} {} open_files={files} files_being_written={writing}",
             self.s3.stats().summary(),
-            self.cache.stats.summary()
+            self.cache.stats.summary(),
+            crate::stats::rdma_live_summary(),
         )
         .split_whitespace()
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| format!("{k} {v}\n"))
         .collect()
+    }
+
+    /// A handle for the mount's lifecycle (signals, unmount), kept when the session takes
+    /// the file system.
+    pub fn control(&self) -> control::FsControl {
+        control::FsControl {
+            files: self.files.clone(),
+            closing: self.closing.clone(),
+            aborted: self.aborted.clone(),
+        }
     }
 
     fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
@@ -612,6 +629,27 @@ impl fuser::Filesystem for S3Fs {
         }
         info!(bucket = self.s3.bucket(), "filesystem initialised");
         Ok(())
+    }
+
+    /// The session ended (unmounted, or the connection was aborted). A file still open for
+    /// writing now can never be closed by its writer: abort it, so no multipart upload is left.
+    fn destroy(&mut self) {
+        let control = self.control();
+        let aborted = self.rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                control.abort_writes("the mount ended (unmounted lazily, or its FUSE connection was aborted) while the file was open for writing"),
+            )
+            .await
+        });
+        match aborted {
+            Ok(keys) if keys.is_empty() => {}
+            Ok(keys) => warn!(count = keys.len(), keys = ?keys, "files still open for writing when the mount ended were not stored"),
+            Err(_) => warn!("aborting the files still being written took over 60 s; some multipart uploads may be left (a bucket lifecycle rule removes them)"),
+        }
+        // No handle can be used again: let go of their cache blocks and write buffers.
+        self.lock_files().clear();
+        self.lock_dirs().clear();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

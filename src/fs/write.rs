@@ -76,7 +76,7 @@ impl Writing {
 pub struct WriteFile {
     /// The process that opened it: its `close` commits the file.
     opener: Option<u32>,
-    upload: tokio::sync::Mutex<Upload>,
+    pub(super) upload: tokio::sync::Mutex<Upload>,
     writing: Arc<Writing>,
 }
 
@@ -119,6 +119,10 @@ impl S3Fs {
         meta: FileMeta,
     ) -> FsResult<(u64, Arc<Writing>)> {
         if self.uploader.is_none() {
+            return Err(Errno::EROFS);
+        }
+        if self.closing.load(Ordering::SeqCst) {
+            warn!(key = %inode.key, "the mount is shutting down: no new files can be written");
             return Err(Errno::EROFS);
         }
         let writing = {

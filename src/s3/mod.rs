@@ -8,7 +8,7 @@ pub mod error;
 pub mod meta;
 pub mod rdma;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -28,7 +28,7 @@ pub use rdma::{RdmaMode, TransportStats};
 
 use crate::rdma::checksum;
 use crate::rdma::reply::{Verdict, REPLY_HEADER};
-use rdma::{ReplySeen, TokenInterceptor};
+use rdma::{ReplySeen, RequestTimer, TokenInterceptor};
 
 /// How to reach the endpoint: the user's choices from the command line.
 #[derive(Clone, Debug, Default)]
@@ -210,7 +210,7 @@ impl S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let start = Instant::now();
+            let start = self.stats.request();
             let res = self
                 .client
                 .head_object()
@@ -247,7 +247,7 @@ impl S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let start = Instant::now();
+            let start = self.stats.request();
             let res = self
                 .client
                 .list_objects_v2()
@@ -340,7 +340,7 @@ impl S3Client {
                 self.stats.clone(),
                 seen.clone(),
             );
-            let start = Instant::now();
+            let start = self.stats.request();
             let mut req = self
                 .rdma_client
                 .get_object()
@@ -447,7 +447,7 @@ impl S3Client {
             if let Some(out) = rdma {
                 return Ok(out.e_tag().unwrap_or_default().to_string());
             }
-            let start = Instant::now();
+            let start = self.stats.request();
             let res = self
                 .client
                 .put_object()
@@ -515,7 +515,7 @@ impl S3Client {
             if let Some(out) = rdma {
                 return Ok(out.e_tag().unwrap_or_default().to_string());
             }
-            let start = Instant::now();
+            let start = self.stats.request();
             let res = self
                 .client
                 .upload_part()
@@ -573,7 +573,7 @@ impl S3Client {
             self.stats.clone(),
             seen.clone(),
         );
-        let start = Instant::now();
+        let start = self.stats.request();
         let res = send(icpt).await;
         log_outcome(op, key, start, &res);
         match res {
@@ -609,7 +609,7 @@ impl S3Client {
         key: &str,
         meta: &FileMeta,
     ) -> Result<String, S3Error> {
-        let start = Instant::now();
+        let start = self.stats.request();
         let res = self
             .client
             .create_multipart_upload()
@@ -660,7 +660,7 @@ impl S3Client {
                     .collect(),
             ))
             .build();
-        let start = Instant::now();
+        let start = self.stats.request();
         let res = self
             .client
             .complete_multipart_upload()
@@ -680,7 +680,7 @@ impl S3Client {
 
     /// AbortMultipartUpload: drops every part uploaded so far.
     pub async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), S3Error> {
-        let start = Instant::now();
+        let start = self.stats.request();
         let res = self
             .client
             .abort_multipart_upload()
@@ -729,7 +729,7 @@ impl S3Client {
 
     /// DeleteObject (deleting a missing key succeeds, as in S3).
     pub async fn delete_object(&self, key: &str) -> Result<(), S3Error> {
-        let start = Instant::now();
+        let start = self.stats.request();
         let res = self
             .client
             .delete_object()
@@ -754,7 +754,7 @@ impl S3Client {
     ) -> Result<String, S3Error> {
         let source = format!("{}/{}", self.bucket, encode_key(&src.key));
         if src.size <= single_limit.min(5 << 30) {
-            let start = Instant::now();
+            let start = self.stats.request();
             let res = self
                 .client
                 .copy_object()
@@ -784,7 +784,7 @@ impl S3Client {
         let copies = run_bounded(ranges.into_iter().map(|(n, a, b)| {
             let (source, id) = (source.clone(), id.clone());
             async move {
-                let start = Instant::now();
+                let start = self.stats.request();
                 let res = self
                     .client
                     .upload_part_copy()
@@ -868,7 +868,7 @@ impl S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let start = Instant::now();
+            let start = self.stats.request();
             let mut req = self
                 .client
                 .get_object()
@@ -1127,12 +1127,12 @@ fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
 fn log_outcome<T, E>(
     op: &'static str,
     key: &str,
-    start: Instant,
+    start: RequestTimer,
     res: &Result<T, SdkError<E, HttpResponse>>,
 ) where
     T: RequestId,
 {
-    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let ms = start.start.elapsed().as_secs_f64() * 1e3;
     let (status, request_id) = match res {
         Ok(out) => (200, out.request_id().map(str::to_string)),
         Err(e) => (

@@ -55,11 +55,36 @@ pub struct TransportStats {
     pub declines: AtomicU64,
     pub fallbacks: AtomicU64,
     pub reply_errors: AtomicU64,
+    /// S3 requests sent and not yet answered (a gauge).
+    pub requests_in_flight: AtomicU64,
     /// Whether the first decline has been logged at WARN (later ones log at DEBUG).
     pub warned_decline: std::sync::atomic::AtomicBool,
 }
 
+/// One S3 request under way: counted in `requests_in_flight` until dropped.
+pub struct RequestTimer {
+    pub start: std::time::Instant,
+    stats: Arc<TransportStats>,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        self.stats
+            .requests_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl TransportStats {
+    /// A request starts now.
+    pub fn request(self: &Arc<Self>) -> RequestTimer {
+        self.requests_in_flight.fetch_add(1, Ordering::Relaxed);
+        RequestTimer {
+            start: std::time::Instant::now(),
+            stats: self.clone(),
+        }
+    }
+
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
@@ -68,7 +93,7 @@ impl TransportStats {
     pub fn summary(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "rdma_bytes_read={} rdma_bytes_written={} http_bytes_read={} http_bytes_written={} tokens={} declines={} fallbacks={} reply_errors={}",
+            "rdma_bytes_read={} rdma_bytes_written={} http_bytes_read={} http_bytes_written={} tokens={} declines={} fallbacks={} reply_errors={} requests_in_flight={}",
             g(&self.rdma_bytes_read),
             g(&self.rdma_bytes_written),
             g(&self.http_bytes_read),
@@ -77,6 +102,7 @@ impl TransportStats {
             g(&self.declines),
             g(&self.fallbacks),
             g(&self.reply_errors),
+            g(&self.requests_in_flight),
         )
     }
 }

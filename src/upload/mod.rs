@@ -144,6 +144,8 @@ pub enum WriteError {
     Committed,
     /// No memory for a write buffer.
     Memory(String),
+    /// The mount shut down while the file was still open for writing.
+    Shutdown(String),
 }
 
 impl WriteError {
@@ -162,6 +164,7 @@ impl WriteError {
             WriteError::TooLarge { .. } => libc::EFBIG,
             WriteError::Committed => libc::EOPNOTSUPP,
             WriteError::Memory(_) => libc::ENOMEM,
+            WriteError::Shutdown(_) => libc::EIO,
         }
     }
 }
@@ -176,6 +179,7 @@ impl std::fmt::Display for WriteError {
             WriteError::TooLarge { limit } => write!(f, "file exceeds the largest object this mount can write ({limit} bytes = 10,000 parts); raise --write-part-size or --write-buffer-size"),
             WriteError::Committed => write!(f, "the file was completed by fsync; S3 objects cannot be appended to, so write it again with O_TRUNC"),
             WriteError::Memory(e) => write!(f, "no memory for a write buffer: {e}"),
+            WriteError::Shutdown(why) => write!(f, "{why}; the upload was aborted and nothing was stored (close files before unmounting, or allow more time with --shutdown-grace)"),
         }
     }
 }
@@ -214,6 +218,19 @@ impl Upload {
     /// Bytes accepted so far.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// The key the file is being written to.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Give up on an open file: nothing is stored, its multipart upload is aborted, and `e`
+    /// is what its later writes and its close return.
+    pub async fn cancel(&mut self, e: WriteError) {
+        if self.is_open() {
+            self.fail(e).await;
+        }
     }
 
     pub fn is_open(&self) -> bool {

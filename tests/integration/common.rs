@@ -296,6 +296,12 @@ impl Mount {
             } else {
                 &["--cache-size", "128MiB"][..]
             })
+            // Tests stop mounts with SIGTERM and wait 15 s: a file left open must not hold them.
+            .args(if extra.contains(&"--shutdown-grace") {
+                &[][..]
+            } else {
+                &["--shutdown-grace", "5s"][..]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -351,6 +357,30 @@ impl Mount {
 }
 
 impl Mount {
+    /// Send `sig` to the daemon.
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: signalling our own child by PID.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// Wait up to `limit` for the daemon to exit (by itself, or after [`Mount::signal`]).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Unmount (SIGTERM), wait for the daemon to exit, and return its whole log.
     pub fn stop(mut self) -> String {
         self.shutdown();
@@ -359,6 +389,7 @@ impl Mount {
 
     fn shutdown(&mut self) {
         let Some(mut child) = self.child.take() else {
+            let _ = std::fs::remove_dir(&self.path);
             return;
         };
         // SAFETY: signalling our own child by PID.

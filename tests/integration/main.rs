@@ -3,6 +3,7 @@
 
 mod cache;
 mod common;
+mod lifecycle;
 mod namespace;
 mod rdma;
 mod read;

@@ -11,20 +11,23 @@ use crate::common::*;
 
 const INSTALLED: &str = "/usr/local/bin/s3rdma";
 
-/// The link to the binary under test, removed on drop.
-struct Linked;
+/// The link to the binary under test, removed on drop. Tests holding one run one at a time.
+struct Linked(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+static LINK_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Linked {
     fn new() -> Option<Linked> {
+        let guard = LINK_USERS.lock().unwrap_or_else(|e| e.into_inner());
         let target = Path::new(INSTALLED);
         match std::fs::read_link(target) {
-            Ok(p) if p == Path::new(bin()) => return Some(Linked),
+            Ok(p) if p == Path::new(bin()) => return Some(Linked(guard)),
             Ok(_) | Err(_) if target.exists() => return None,
             _ => {}
         }
         std::fs::create_dir_all("/usr/local/bin").ok()?;
         std::os::unix::fs::symlink(bin(), target).ok()?;
-        Some(Linked)
+        Some(Linked(guard))
     }
 }
 
@@ -148,4 +151,119 @@ fn mount_t_fuse_s3rdma_and_an_fstab_line_work_and_fail_with_the_message() {
         assert!(err.contains(want), "{extra}: {err}");
         assert!(!is_mounted(&mnt));
     }
+}
+
+/// The example unit's or fstab line's fields with the test's bucket, mountpoint and endpoint
+/// (and a small cache) put in.
+fn localise(text: &str, bucket: &str, mnt: &Path) -> String {
+    let opts_extra = ",cache_size=64M,write_buffer_size=32M";
+    text.replace("my-bucket", bucket)
+        .replace("/mnt/ckpt", &mnt.to_string_lossy())
+        .replace("http://10.0.0.5:8333", &server().endpoint)
+        .replace(
+            "shutdown_grace=30s",
+            &format!("shutdown_grace=30s{opts_extra}"),
+        )
+}
+
+// [S-MOUNT-T]
+#[test]
+fn the_example_systemd_unit_and_fstab_line_mount_as_systemd_runs_them() {
+    let Some(_link) = Linked::new() else {
+        eprintln!("skipped: {INSTALLED} is another installation of s3rdma");
+        return;
+    };
+    let b = bucket("unit");
+    put(&b, "ckpt/in.txt", b"in".to_vec());
+    let mnt = mountpoint();
+    let _guard = Mounted(mnt.clone());
+    let unit = std::fs::read_to_string("scripts/systemd/mnt-ckpt.mount").unwrap();
+    let unit = localise(&unit, &b, &mnt);
+    let field = |name: &str| -> String {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}= in the unit"))
+            .to_string()
+    };
+    assert_eq!(field("Where"), mnt.to_string_lossy());
+    // What systemd runs to start a mount unit (credentials from its EnvironmentFile).
+    let out = mount_cmd()
+        .arg(field("What"))
+        .arg(field("Where"))
+        .args(["-t", &field("Type"), "-o", &field("Options")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(mnt.join("in.txt")).unwrap(), b"in");
+    std::fs::write(mnt.join("out.txt"), b"out").unwrap();
+    assert_eq!(backend_get(&b, "ckpt/out.txt").unwrap(), b"out");
+    // ... and to stop it.
+    unmount(&mnt);
+
+    let fstab_text = std::fs::read_to_string("scripts/systemd/fstab.example").unwrap();
+    let fstab = work_dir().join(format!("fstab-example-{}", std::process::id()));
+    std::fs::write(&fstab, localise(&fstab_text, &b, &mnt)).unwrap();
+    let out = mount_cmd()
+        .arg("-T")
+        .arg(&fstab)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -T: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(mnt.join("out.txt")).unwrap(), b"out");
+    unmount(&mnt);
+    let _ = std::fs::remove_file(&fstab);
+}
+
+/// scripts/install.sh puts the binaries and the examples under a prefix and removes them.
+#[test]
+fn install_sh_installs_and_uninstalls() {
+    let prefix = work_dir().join(format!("prefix-{}", std::process::id()));
+    let bin_dir = Path::new(bin()).parent().unwrap();
+    let out = Command::new("scripts/install.sh")
+        .arg("--prefix")
+        .arg(&prefix)
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "install.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let installed = [
+        "bin/s3rdma",
+        "bin/s3rdma-endpoint",
+        "share/doc/s3rdma/examples/mnt-ckpt.mount",
+        "share/doc/s3rdma/examples/fstab.example",
+    ];
+    for f in installed {
+        assert!(prefix.join(f).is_file(), "{f} not installed");
+    }
+    let v = Command::new(prefix.join("bin/s3rdma"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(v.status.success());
+    let out = Command::new("scripts/install.sh")
+        .arg("--uninstall")
+        .arg("--prefix")
+        .arg(&prefix)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for f in installed {
+        assert!(!prefix.join(f).exists(), "{f} left behind");
+    }
+    assert!(!prefix.join("share/doc/s3rdma").exists());
+    let _ = std::fs::remove_dir_all(&prefix);
 }

@@ -1,0 +1,75 @@
+//! What the mount's lifecycle needs of the file system once the FUSE session owns it: refuse
+//! new writes when shutting down, and abort the files still being written when time is up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::OpenFile;
+use crate::upload::WriteError;
+
+pub(super) type FileTable = Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>;
+
+/// A handle on the open files of a mount, usable from the signal handler.
+#[derive(Clone)]
+pub struct FsControl {
+    pub(super) files: FileTable,
+    pub(super) closing: Arc<AtomicBool>,
+    /// Files aborted because the mount ended while they were being written.
+    pub(super) aborted: Arc<AtomicUsize>,
+}
+
+impl FsControl {
+    /// From now on, opening a file for writing fails (EROFS); files already open for writing
+    /// can still be written and closed.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// How many files were aborted by [`FsControl::abort_writes`] so far.
+    pub fn aborted(&self) -> usize {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    fn write_files(&self) -> Vec<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|f| matches!(&***f, OpenFile::Write(..)))
+            .cloned()
+            .collect()
+    }
+
+    /// Keys of the files open for writing whose data is not stored yet.
+    pub async fn open_writes(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        for f in self.write_files() {
+            if let OpenFile::Write(_, w) = &*f {
+                let up = w.upload.lock().await;
+                if up.is_open() {
+                    keys.push(up.key().to_string());
+                }
+            }
+        }
+        keys
+    }
+
+    /// Abort every file still being written (nothing is stored, multipart uploads are
+    /// aborted; its writer gets EIO from its next write and from close). A file whose commit
+    /// is running is waited for. Returns the keys that were aborted.
+    pub async fn abort_writes(&self, why: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        for f in self.write_files() {
+            if let OpenFile::Write(_, w) = &*f {
+                let mut up = w.upload.lock().await;
+                if up.is_open() {
+                    keys.push(up.key().to_string());
+                    up.cancel(WriteError::Shutdown(why.to_string())).await;
+                    self.aborted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        keys
+    }
+}
