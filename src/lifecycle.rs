@@ -43,13 +43,13 @@ pub async fn on_signals(mut term: Signal, mut int: Signal, sd: Shutdown) {
     };
     sd.control.begin_shutdown();
     watchdog(sd.grace.saturating_add(FINISH_LIMIT), "shutdown");
-    let writing = sd.control.open_writes().await;
+    let (writing, keys) = sd.control.open_writes();
     info!(
         signal = name,
         mountpoint = %sd.mountpoint.display(),
         grace_s = sd.grace.as_secs_f64(),
-        files_being_written = writing.len(),
-        keys = ?writing,
+        files_being_written = writing,
+        keys = ?keys,
         "unmounting: files being written get the grace period to be closed; no new files can be written"
     );
     let deadline = Instant::now() + sd.grace;

@@ -41,18 +41,25 @@ impl FsControl {
             .collect()
     }
 
-    /// Keys of the files open for writing whose data is not stored yet.
-    pub async fn open_writes(&self) -> Vec<String> {
+    /// The files open for writing whose data is not stored yet: their number, and the keys of
+    /// those not busy this instant (a file in the middle of a write or of its commit is
+    /// counted without waiting for it).
+    pub fn open_writes(&self) -> (usize, Vec<String>) {
+        let mut count = 0;
         let mut keys = Vec::new();
         for f in self.write_files() {
             if let OpenFile::Write(_, w) = &*f {
-                let up = w.upload.lock().await;
-                if up.is_open() {
-                    keys.push(up.key().to_string());
+                match w.upload.try_lock() {
+                    Ok(up) if up.is_open() => {
+                        count += 1;
+                        keys.push(up.key().to_string());
+                    }
+                    Ok(_) => {}
+                    Err(_) => count += 1,
                 }
             }
         }
-        keys
+        (count, keys)
     }
 
     /// Abort every file still being written (nothing is stored, multipart uploads are
