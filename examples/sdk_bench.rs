@@ -8,8 +8,13 @@
 //!   sdk_bench ENDPOINT BUCKET put-files PREFIX COUNT SIZE STREAMS
 //!   sdk_bench ENDPOINT BUCKET upload KEY SIZE PART_SIZE STREAMS   (timed multipart upload)
 //!   sdk_bench ENDPOINT BUCKET make-bucket | drop-bucket      (drop: objects, uploads, bucket)
+//!   sdk_bench ENDPOINT BUCKET list PREFIX                 (seconds to list a "directory")
+//!   sdk_bench ENDPOINT BUCKET latency PREFIX COUNT        (median ms to the first byte of a GET)
+//!   sdk_bench ENDPOINT BUCKET put-dir DIR PREFIX STREAMS  (seconds to upload a local tree)
+//!   sdk_bench ENDPOINT BUCKET head KEY                    (the object's size, or -1)
+//!   sdk_bench ENDPOINT BUCKET count PREFIX                (how many keys start with PREFIX)
 //!
-//! Prints `MiB/s` (for put modes: nothing). Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+//! Prints `MiB/s` (for put modes: nothing; others as said). Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -250,6 +255,123 @@ async fn main() {
                 .expect("complete");
             let secs = start.elapsed().as_secs_f64();
             println!("{:.1}", size as f64 / (1 << 20) as f64 / secs);
+            return;
+        }
+        "list" => {
+            // What `ls -l` of a directory needs: every page of ListObjectsV2 with "/".
+            let prefix = arg(&args, 4);
+            let mut token = None;
+            loop {
+                let out = c
+                    .list_objects_v2()
+                    .bucket(&bucket)
+                    .prefix(&prefix)
+                    .delimiter("/")
+                    .set_continuation_token(token)
+                    .send()
+                    .await
+                    .expect("LIST");
+                token = out.next_continuation_token().map(str::to_string);
+                if token.is_none() {
+                    break;
+                }
+            }
+            println!("{:.3}", start.elapsed().as_secs_f64());
+            return;
+        }
+        "latency" => {
+            let prefix = arg(&args, 4);
+            let count: usize = arg(&args, 5).parse().expect("count");
+            let mut ms = Vec::new();
+            for i in 0..count {
+                let t = Instant::now();
+                let out = c
+                    .get_object()
+                    .bucket(&bucket)
+                    .key(format!("{prefix}{i:05}.bin"))
+                    .send()
+                    .await
+                    .expect("GET");
+                let mut body = out.body;
+                let _ = body.next().await;
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            ms.sort_by(f64::total_cmp);
+            println!("{:.3}", ms[ms.len() / 2]);
+            return;
+        }
+        "put-dir" => {
+            let dir = std::path::PathBuf::from(arg(&args, 4));
+            let prefix = arg(&args, 5);
+            let streams: usize = arg(&args, 6).parse().expect("streams");
+            let mut files = Vec::new();
+            let mut todo = vec![dir.clone()];
+            while let Some(d) = todo.pop() {
+                for e in std::fs::read_dir(&d).expect("read_dir") {
+                    let p = e.expect("entry").path();
+                    if p.is_dir() {
+                        todo.push(p);
+                    } else {
+                        files.push(p);
+                    }
+                }
+            }
+            let start = Instant::now();
+            let sem = Arc::new(Semaphore::new(streams));
+            let mut tasks = Vec::new();
+            for f in files {
+                let rel = f.strip_prefix(&dir).expect("under dir").to_string_lossy();
+                let key = format!("{prefix}{rel}");
+                let (c, b, sem) = (c.clone(), bucket.clone(), sem.clone());
+                tasks.push(tokio::spawn(async move {
+                    let _p = sem.acquire().await;
+                    let data = std::fs::read(&f).expect("read");
+                    c.put_object()
+                        .bucket(&b)
+                        .key(&key)
+                        .body(data.into())
+                        .customize()
+                        .disable_payload_signing()
+                        .send()
+                        .await
+                        .expect("PUT");
+                }));
+            }
+            for t in tasks {
+                t.await.expect("task");
+            }
+            println!("{:.3}", start.elapsed().as_secs_f64());
+            return;
+        }
+        "count" => {
+            let prefix = arg(&args, 4);
+            let mut n = 0;
+            let mut token = None;
+            loop {
+                let out = c
+                    .list_objects_v2()
+                    .bucket(&bucket)
+                    .prefix(&prefix)
+                    .set_continuation_token(token)
+                    .send()
+                    .await
+                    .expect("LIST");
+                n += out.contents().len();
+                token = out.next_continuation_token().map(str::to_string);
+                if token.is_none() {
+                    break;
+                }
+            }
+            println!("{n}");
+            return;
+        }
+        "head" => {
+            let key = arg(&args, 4);
+            let size = match c.head_object().bucket(&bucket).key(&key).send().await {
+                Ok(o) => o.content_length().unwrap_or(0),
+                Err(_) => -1,
+            };
+            println!("{size}");
             return;
         }
         "make-bucket" => {

@@ -52,6 +52,15 @@ def sdk(*args):
     return float(out.stdout.strip() or 0)
 
 
+def sdk_text(*args):
+    """sdk_bench's one line of output, as text."""
+    out = subprocess.run([os.path.join(BIN, "examples", "sdk_bench"), *map(str, args)], env=ENV,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        sys.exit(f"bench: sdk_bench {args}: {out.stderr}")
+    return out.stdout.strip()
+
+
 def is_mounted(path):
     with open("/proc/self/mountinfo") as f:
         return any(l.split(" ")[4] == path for l in f)
