@@ -103,7 +103,8 @@ def fio(args):
     out = subprocess.run(["fio", "--output-format=terse", "--terse-version=3", *args], capture_output=True,
                          text=True, timeout=900)
     if out.returncode != 0:
-        sys.exit(f"bench: fio failed: {out.stderr}")
+        first = next((l for l in out.stderr.splitlines() if l.strip()), "")
+        raise RuntimeError(f"fio failed: {first.strip()}")
     total = 0.0
     for line in out.stdout.strip().splitlines():
         f = line.split(";")

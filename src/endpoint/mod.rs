@@ -18,6 +18,7 @@
 //! narrows the fault to that operation and extends it to plain requests (where `throttle`,
 //! `error`, `drop` and `delay` apply); `after=N` lets the first N matching requests through.
 
+mod faulty;
 mod forward;
 
 /// An RDMA-aware PUT-like handler: pull the payload from the client's memory (or pass the
@@ -76,6 +77,10 @@ pub enum Fault {
     Delay(u64),
     Drop,
     Error,
+    /// Plain GetObject: half the body, then the connection is reset.
+    Reset,
+    /// Plain GetObject: the body in 16 KiB pieces, one every N ms.
+    Trickle(u64),
 }
 
 impl Fault {
@@ -89,6 +94,12 @@ impl Fault {
             "throttle" => Fault::Throttle,
             "drop" => Fault::Drop,
             "error" => Fault::Error,
+            "reset" => Fault::Reset,
+            t if t.starts_with("trickle:") => Fault::Trickle(
+                t[8..]
+                    .parse()
+                    .map_err(|_| format!("bad trickle {t:?}: write trickle:MILLISECONDS"))?,
+            ),
             d if d.starts_with("delay:") => Fault::Delay(
                 d[6..]
                     .parse()
@@ -112,8 +123,8 @@ pub struct EndpointStats {
 pub struct Endpoint {
     proxy: s3s_aws::Proxy,
     fault_file: Option<PathBuf>,
-    /// (file contents, RDMA requests already affected by them).
-    fault_state: Mutex<(String, u64)>,
+    /// (file contents, requests already matched by them, when they were first seen).
+    fault_state: Mutex<(String, u64, std::time::Instant)>,
     pub stats: EndpointStats,
 }
 
@@ -202,7 +213,7 @@ impl Endpoint {
         Endpoint {
             proxy: s3s_aws::Proxy::from(backend),
             fault_file,
-            fault_state: Mutex::new((String::new(), 0)),
+            fault_state: Mutex::new((String::new(), 0, std::time::Instant::now())),
             stats: EndpointStats::default(),
         }
     }
@@ -217,7 +228,7 @@ impl Endpoint {
         let text = text.trim().to_string();
         let mut st = self.fault_state.lock().unwrap_or_else(|e| e.into_inner());
         if st.0 != text {
-            *st = (text.clone(), 0);
+            *st = (text.clone(), 0, std::time::Instant::now());
         }
         let mut words = text.split_whitespace();
         let Some(mode) = words.next() else {
@@ -230,22 +241,33 @@ impl Endpoint {
                 return Fault::None;
             }
         };
-        let (mut count, mut only, mut after) = (u64::MAX, None, 0u64);
+        let (mut count, mut only, mut after, mut window) = (u64::MAX, None, 0u64, None);
         for w in words {
             if let Some(o) = w.strip_prefix("op=") {
                 only = Some(o);
             } else if let Some(n) = w.strip_prefix("after=") {
                 after = n.parse().unwrap_or(0);
+            } else if let Some(ms) = w.strip_prefix("for=") {
+                window = ms.parse().ok().map(Duration::from_millis);
             } else if let Ok(n) = w.parse() {
                 count = n;
             }
         }
         let matches = match only {
+            Some("any") => true,
             Some(o) => o == op,
             None => rdma,
         };
         if !matches {
             return Fault::None;
+        }
+        // for=MS: every matching request during MS after the file changed (an outage).
+        if let Some(w) = window {
+            if st.2.elapsed() >= w {
+                return Fault::None;
+            }
+            tracing::info!(op, ?fault, "injecting a fault (window)");
+            return fault;
         }
         st.1 += 1;
         if st.1 <= after || st.1 - after > count {
@@ -257,7 +279,12 @@ impl Endpoint {
 
     /// The faults that apply to a plain (token-less) request.
     async fn plain_fault(&self, op: &str) -> S3Result<()> {
-        match self.next_fault(op, false) {
+        Self::plain_error(self.next_fault(op, false)).await
+    }
+
+    /// The error (or delay) `fault` makes of a plain request.
+    async fn plain_error(fault: Fault) -> S3Result<()> {
+        match fault {
             Fault::Throttle => Err(s3_error!(SlowDown, "throttled (fault injection)")),
             Fault::Error => Err(s3_error!(InternalError, "internal error (fault injection)")),
             Fault::Drop => Err(transfer_failed(
@@ -352,8 +379,25 @@ impl Endpoint {
     ) -> S3Result<S3Response<s3s::dto::GetObjectOutput>> {
         let Some(tok) = Self::token(&req.headers)? else {
             self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
-            self.plain_fault("GetObject").await?;
-            return s3s::S3::get_object(&self.proxy, req).await;
+            let fault = self.next_fault("GetObject", false);
+            Self::plain_error(fault).await?;
+            let mut resp = s3s::S3::get_object(&self.proxy, req).await?;
+            if !matches!(fault, Fault::Reset | Fault::Trickle(_)) {
+                return Ok(resp);
+            }
+            if let Some(body) = resp.output.body.take() {
+                let data = s3s::Body::from(body)
+                    .store_all_limited(usize::MAX)
+                    .await
+                    .map_err(|e| transfer_failed(format!("backend body: {e}")))?;
+                resp.output.body = Some(match fault {
+                    Fault::Trickle(ms) => {
+                        faulty::FaultyBody::trickle(data, Duration::from_millis(ms))
+                    }
+                    _ => faulty::FaultyBody::reset(data),
+                });
+            }
+            return Ok(resp);
         };
         req.headers.remove(TOKEN_HEADER);
         let fault = self.next_fault("GetObject", true);
@@ -560,5 +604,8 @@ mod tests {
         assert_eq!(Fault::parse("delay:250"), Ok(Fault::Delay(250)));
         assert!(Fault::parse("delay:soon").is_err());
         assert!(Fault::parse("explode").is_err());
+        assert_eq!(Fault::parse("reset"), Ok(Fault::Reset));
+        assert_eq!(Fault::parse("trickle:40"), Ok(Fault::Trickle(40)));
+        assert!(Fault::parse("trickle:").is_err());
     }
 }

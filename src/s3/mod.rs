@@ -85,6 +85,8 @@ pub struct S3Client {
     bucket: String,
     endpoint: String,
     request_timeout: Duration,
+    /// Attempts per request: also how often a GET whose body fails is fetched again.
+    max_attempts: u32,
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
     /// The server answered 501 to If-None-Match / If-Match on a write.
     no_conditional_writes: Arc<std::sync::atomic::AtomicBool>,
@@ -157,6 +159,7 @@ impl S3Client {
             bucket: opts.bucket.clone(),
             endpoint,
             request_timeout: opts.request_timeout,
+            max_attempts: opts.max_attempts.max(1),
             credentials: sdk.credentials_provider(),
             no_conditional_writes: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             unsigned_payload: opts
@@ -868,20 +871,34 @@ impl S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let start = self.stats.request();
-            let mut req = self
-                .client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .range(format!("bytes={offset}-{end}"));
-            if !etag.is_empty() {
-                req = req.if_match(etag);
+            // The SDK retries a request until its response starts; a body that then breaks
+            // (reset, stall, short) is fetched again here, within the same attempt budget.
+            let mut attempt = 1;
+            loop {
+                let start = self.stats.request();
+                let mut req = self
+                    .client
+                    .get_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .range(format!("bytes={offset}-{end}"));
+                if !etag.is_empty() {
+                    req = req.if_match(etag);
+                }
+                let res = req.send().await;
+                log_outcome("GetObject", key, start, &res);
+                let out = res.map_err(|e| convert("GetObject", key, e))?;
+                match self.read_body_into(out.body, key, buf).await {
+                    Ok(()) => break,
+                    Err(e) if attempt < self.max_attempts => {
+                        let pause = backoff(attempt);
+                        tracing::warn!(key, attempt, error = %e, pause_ms = pause.as_millis() as u64, "GET body failed; fetching the range again");
+                        tokio::time::sleep(pause).await;
+                        attempt += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            let res = req.send().await;
-            log_outcome("GetObject", key, start, &res);
-            let out = res.map_err(|e| convert("GetObject", key, e))?;
-            self.read_body_into(out.body, key, buf).await?;
             TransportStats::add(&self.stats.http_bytes_read, buf.len() as u64);
             Ok(())
         }
@@ -899,9 +916,26 @@ impl S3Client {
         buf: &mut [u8],
     ) -> Result<(), S3Error> {
         let mut filled = 0usize;
+        // A body that stops for the request timeout, or trickles so slowly that it takes longer
+        // than the timeout plus a second per MiB, is given up (and fetched again by the caller).
+        let deadline = tokio::time::Instant::now()
+            + self.request_timeout
+            + Duration::from_secs((buf.len() as u64).div_ceil(MIN_BODY_RATE));
         loop {
-            let chunk = tokio::time::timeout(self.request_timeout, body.next())
+            let next = tokio::time::timeout(self.request_timeout, body.next());
+            let chunk = tokio::time::timeout_at(deadline, next)
                 .await
+                .map_err(|_| {
+                    S3Error::new(
+                        S3ErrorKind::Timeout,
+                        "GetObject",
+                        key,
+                        format!(
+                            "response body too slow: {filled} of {} bytes by the deadline",
+                            buf.len()
+                        ),
+                    )
+                })?
                 .map_err(|_| {
                     S3Error::new(
                         S3ErrorKind::Timeout,
@@ -1146,6 +1180,22 @@ fn log_outcome<T, E>(
     debug!(op, key, status, ms = format_args!("{ms:.1}"), "s3 request");
 }
 
+/// The slowest GET body accepted (bytes per second, after the request timeout's allowance).
+const MIN_BODY_RATE: u64 = 1 << 20;
+
+/// Jittered exponential backoff before attempt `attempt + 1`: 50–100 % of 200 ms × 2^(n-1),
+/// at most 20 s (the SDK's own retries use the same shape).
+fn backoff(attempt: u32) -> Duration {
+    let base = Duration::from_millis(200)
+        .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+        .min(Duration::from_secs(20));
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    base.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
+}
+
 /// The full error chain of a transport error, for messages ("connection refused", ...).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -1218,6 +1268,19 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn body_retry_backoff_grows_with_jitter_and_is_capped() {
+        for attempt in 1..40 {
+            let b = backoff(attempt);
+            let full = Duration::from_millis(200)
+                .saturating_mul(1 << (attempt - 1).min(16))
+                .min(Duration::from_secs(20));
+            assert!(b >= full / 2 && b <= full, "{attempt}: {b:?}");
+        }
+        assert!(backoff(1) <= Duration::from_millis(200));
+        assert!(backoff(30) <= Duration::from_secs(20));
+    }
 
     #[test]
     fn a_501_to_a_conditional_write_turns_conditions_off_for_the_mount() {

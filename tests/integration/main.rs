@@ -3,10 +3,12 @@
 
 mod cache;
 mod common;
+mod faults;
 mod lifecycle;
 mod namespace;
 mod rdma;
 mod read;
+mod security;
 mod semantics;
 mod startup;
 mod system;

@@ -1,0 +1,165 @@
+//! Faults on the HTTP data path, injected by `s3rdma-endpoint` in front of SeaweedFS (the mount
+//! uses `--rdma off` through it): a connection reset in the middle of a body, a trickling body,
+//! throttling, and an outage of the endpoint during a read and during a write. A read returns
+//! the right bytes, or EIO after a bounded time; a write is stored whole or not at all.
+
+use std::io::{Read, Write};
+use std::os::unix::io::IntoRawFd;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+fn via(ep: &RdmaEndpoint, b: &str, extra: &[&str]) -> Mount {
+    let mut args = vec!["--rdma", "off"];
+    args.extend_from_slice(extra);
+    Mount::new_at(&ep.url, b, &args)
+}
+
+fn set_fault(ep: &RdmaEndpoint, text: &str) {
+    std::fs::write(&ep.fault_file, format!("{text}\n")).unwrap();
+}
+
+fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// [S-FAULT-READ] A body cut off half-way (connection reset) is fetched again: the bytes are
+/// right.
+#[test]
+fn a_connection_reset_mid_body_is_retried_and_the_bytes_are_right() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("fault-reset");
+    let data = pattern(24 << 20, 11);
+    put(&b, "f", data.clone());
+    let m = via(&ep, &b, &[]);
+    set_fault(&ep, "reset 3 op=GetObject");
+    let got = read_file(&m.join("f")).expect("read after resets");
+    assert!(got == data, "wrong bytes after resets");
+}
+
+/// [S-FAULT-READ] A body that trickles (16 KiB every 300 ms) misses its deadline (the request
+/// timeout plus a second per MiB) and is fetched again.
+#[test]
+fn a_trickling_body_times_out_and_is_fetched_again() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("fault-trickle");
+    let data = pattern(8 << 20, 12);
+    put(&b, "f", data.clone());
+    let m = via(&ep, &b, &["--request-timeout", "2s"]);
+    set_fault(&ep, "trickle:300 1 op=GetObject");
+    let start = Instant::now();
+    let got = read_file(&m.join("f")).expect("read after a stalled body");
+    assert!(got == data, "wrong bytes after a stall");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// [S-FAULT-READ] SlowDown (503) is retried with backoff.
+#[test]
+fn throttling_is_retried() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("fault-throttle");
+    let data = pattern(3 << 20, 13);
+    put(&b, "f", data.clone());
+    let m = via(&ep, &b, &[]);
+    set_fault(&ep, "throttle 3 op=GetObject");
+    assert!(read_file(&m.join("f")).expect("read") == data);
+}
+
+/// [S-FAULT-OUTAGE] The endpoint failing every data request for 10 s: a read started in the
+/// outage completes with the right bytes when the retries outlast it, and fails with EIO
+/// within seconds when they do not (`--max-attempts 2`).
+#[test]
+fn an_outage_during_a_read_is_ridden_out_or_fails_with_eio_in_bounded_time() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("fault-outage-r");
+    let data = pattern(16 << 20, 14);
+    put(&b, "f", data.clone());
+
+    let m = via(&ep, &b, &["--max-attempts", "12"]);
+    set_fault(&ep, "error op=any for=10000");
+    let start = Instant::now();
+    let got = read_file(&m.join("f")).expect("read through the outage");
+    assert!(got == data, "wrong bytes after the outage");
+    assert!(start.elapsed() >= Duration::from_secs(5), "no outage seen");
+    drop(m);
+
+    let m = via(&ep, &b, &["--max-attempts", "2"]);
+    let _ = std::fs::metadata(m.join("f")).expect("stat before the outage");
+    // A different text: the endpoint starts a window when the fault file changes.
+    set_fault(&ep, "error op=any for=10001");
+    let start = Instant::now();
+    let e = read_file(&m.join("f")).expect_err("read in an outage with 2 attempts");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let log = m.stop();
+    assert!(
+        log.contains("key=f") || log.contains("key=\"f\""),
+        "the failed read is not logged with its key"
+    );
+}
+
+/// [S-FAULT-OUTAGE] An outage of 10 s in the middle of a 40 MiB write (parts and the
+/// completion fail meanwhile): the file is stored whole when the retries outlast it; with too
+/// few retries `close` fails with EIO and nothing is stored. Never a partial object, never a
+/// multipart upload left.
+#[test]
+fn an_outage_during_a_write_stores_the_file_whole_or_not_at_all() {
+    let ep = RdmaEndpoint::start();
+    let data = pattern(40 << 20, 15);
+    for (attempts, must_succeed) in [("12", true), ("2", false)] {
+        let b = bucket("fault-outage-w");
+        let m = via(
+            &ep,
+            &b,
+            &["--max-attempts", attempts, "--write-part-size", "5MiB"],
+        );
+        set_fault(&ep, "none");
+        let mut f = std::fs::File::create(m.join("w")).unwrap();
+        let mut result = Ok(());
+        for (i, chunk) in data.chunks(1 << 20).enumerate() {
+            if i == 10 {
+                // Distinct text per run: a window starts when the fault file changes.
+                set_fault(&ep, &format!("error op=any for=10000 run={attempts}"));
+            }
+            if let Err(e) = f.write_all(chunk) {
+                result = Err(e.raw_os_error());
+                break;
+            }
+        }
+        let fd = f.into_raw_fd();
+        // SAFETY: closing the descriptor taken from the File.
+        let closed = unsafe { libc::close(fd) };
+        if result.is_ok() && closed != 0 {
+            result = Err(std::io::Error::last_os_error().raw_os_error());
+        }
+        set_fault(&ep, "none");
+        let stored = backend_get(&b, "w");
+        match &result {
+            Ok(()) => assert!(stored.as_deref() == Some(&data[..]), "stored bytes differ"),
+            Err(errno) => {
+                assert_eq!(*errno, Some(libc::EIO));
+                assert!(stored.is_none(), "a failed write left an object");
+            }
+        }
+        assert_eq!(open_uploads(&b), 0, "a multipart upload was left");
+        if must_succeed {
+            assert!(
+                result.is_ok(),
+                "12 attempts did not ride out 10 s: {result:?}"
+            );
+        } else {
+            assert!(result.is_err(), "2 attempts rode out a 10 s outage");
+        }
+        drop(m);
+    }
+}
