@@ -163,3 +163,45 @@ fn an_outage_during_a_write_stores_the_file_whole_or_not_at_all() {
         drop(m);
     }
 }
+
+/// [S-WRITE-EXCL] Two mounts of one bucket create the same new key at the same time, each
+/// writing 12 MiB (multipart): exactly one `close` succeeds, the other fails with EEXIST, the
+/// object is the winner's bytes whole, and no multipart upload is left.
+#[test]
+fn two_mounts_creating_one_key_one_wins_whole_the_other_gets_eexist() {
+    let b = bucket("two-mounts");
+    let a = Mount::new(&b, &["--write-part-size", "5MiB"]);
+    let c = Mount::new(&b, &["--write-part-size", "5MiB"]);
+    let data_a = pattern(12 << 20, 21);
+    let data_c = pattern(12 << 20, 22);
+    let write = |path: std::path::PathBuf, data: Vec<u8>| {
+        std::thread::spawn(move || -> Result<(), Option<i32>> {
+            let mut f = std::fs::File::create(&path).map_err(|e| e.raw_os_error())?;
+            for chunk in data.chunks(1 << 20) {
+                f.write_all(chunk).map_err(|e| e.raw_os_error())?;
+            }
+            let fd = f.into_raw_fd();
+            // SAFETY: closing the descriptor taken from the File.
+            if unsafe { libc::close(fd) } != 0 {
+                return Err(std::io::Error::last_os_error().raw_os_error());
+            }
+            Ok(())
+        })
+    };
+    let ta = write(a.join("k"), data_a.clone());
+    let tc = write(c.join("k"), data_c.clone());
+    let (ra, rc) = (ta.join().unwrap(), tc.join().unwrap());
+    let stored = backend_get(&b, "k").expect("no object stored");
+    match (&ra, &rc) {
+        (Ok(()), Err(e)) => {
+            assert_eq!(*e, Some(libc::EEXIST));
+            assert!(stored == data_a, "the object is not the winner's bytes");
+        }
+        (Err(e), Ok(())) => {
+            assert_eq!(*e, Some(libc::EEXIST));
+            assert!(stored == data_c, "the object is not the winner's bytes");
+        }
+        other => panic!("expected one success and one EEXIST, got {other:?}"),
+    }
+    assert_eq!(open_uploads(&b), 0);
+}
