@@ -205,3 +205,47 @@ fn two_mounts_creating_one_key_one_wins_whole_the_other_gets_eexist() {
     }
     assert_eq!(open_uploads(&b), 0);
 }
+
+/// [S-WRITE-OVERWRITE] Another client deletes the object while this mount rewrites it
+/// (O_TRUNC, multipart): `close` fails with ESTALE, nothing is stored under the name, and no
+/// multipart upload is left.
+#[test]
+fn an_object_deleted_during_a_multipart_rewrite_fails_close_and_stores_nothing() {
+    let b = bucket("del-during-write");
+    put(&b, "k", pattern(1 << 20, 31));
+    let m = Mount::new(&b, &["--write-part-size", "5MiB"]);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.join("k"))
+        .unwrap();
+    let data = pattern(12 << 20, 32);
+    f.write_all(&data[..6 << 20]).unwrap();
+    delete(&b, "k");
+    f.write_all(&data[6 << 20..]).unwrap();
+    let fd = f.into_raw_fd();
+    // SAFETY: closing the descriptor taken from the File.
+    let closed = unsafe { libc::close(fd) };
+    let err = std::io::Error::last_os_error();
+    assert_ne!(closed, 0, "close succeeded although the object was deleted");
+    assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
+    assert!(backend_get(&b, "k").is_none(), "an object was stored");
+    assert_eq!(open_uploads(&b), 0);
+}
+
+/// [S-READ-PINNED] An object replaced between `open` and the first `read`: the read fails with
+/// ESTALE (the handle is pinned to the version it opened) and never returns the new bytes.
+#[test]
+fn an_object_replaced_between_open_and_first_read_is_estale() {
+    let b = bucket("replace-before-read");
+    let v1 = pattern(4 << 20, 33);
+    put(&b, "k", v1.clone());
+    let m = Mount::new(&b, &[]);
+    let mut f = std::fs::File::open(m.join("k")).unwrap();
+    put(&b, "k", pattern(4 << 20, 34));
+    let mut buf = vec![0u8; 65536];
+    match f.read_exact(&mut buf) {
+        Ok(()) => assert!(buf[..] == v1[..65536], "the first read returned the new version"),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+    }
+}
