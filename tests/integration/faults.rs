@@ -245,7 +245,10 @@ fn an_object_replaced_between_open_and_first_read_is_estale() {
     put(&b, "k", pattern(4 << 20, 34));
     let mut buf = vec![0u8; 65536];
     match f.read_exact(&mut buf) {
-        Ok(()) => assert!(buf[..] == v1[..65536], "the first read returned the new version"),
+        Ok(()) => assert!(
+            buf[..] == v1[..65536],
+            "the first read returned the new version"
+        ),
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
     }
 }
