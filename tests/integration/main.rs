@@ -10,6 +10,7 @@ mod rdma;
 mod read;
 mod security;
 mod semantics;
+mod soak;
 mod startup;
 mod system;
 mod tree;
