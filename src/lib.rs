@@ -10,6 +10,7 @@ pub mod logging;
 pub mod mount;
 pub mod rdma;
 pub mod read;
+mod robustness;
 pub mod s3;
 pub mod startup;
 pub mod stats;
