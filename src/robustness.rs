@@ -23,7 +23,7 @@ impl Gen {
         (0..len)
             .map(|_| {
                 let r = self.next();
-                if r % 16 == 0 {
+                if r.is_multiple_of(16) {
                     char::from_u32((r >> 8) as u32 % 0x11_0000).unwrap_or('\u{fffd}')
                 } else {
                     alphabet[(r >> 8) as usize % alphabet.len()]
@@ -139,7 +139,7 @@ fn endpoint_replies_and_tokens_never_panic() {
         let _ = parse_reply(Some(&v));
         let _ = parse_bytes_transferred(Some(&v), asked);
         let status = [200u16, 206, 400, 412, 500, 501][i % 6];
-        let etag = (i % 3 != 0).then(|| v.as_str());
+        let etag = (i % 3 != 0).then_some(v.as_str());
         let _ = judge_put(status, Some(&v), etag);
         let _ = judge_get(status, Some(&v), Some(&v), asked, i % 2 == 0);
         let tok = if i % 2 == 0 {
