@@ -62,6 +62,19 @@ pub fn server() -> &'static Server {
     SERVER.get_or_init(|| {
         let dir = work_dir().join(format!("seaweed-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        // Data of earlier runs whose test process is gone (SeaweedFS keeps gigabytes).
+        for e in std::fs::read_dir(work_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("seaweed-") {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         std::fs::create_dir_all(&dir).expect("server dir");
         let port = free_port_block(8);
         let log = std::fs::File::create(dir.join("weed.log")).expect("weed log");

@@ -163,7 +163,12 @@ fn soak_readers_writers_and_listers_lose_nothing_and_leak_nothing() {
         handles.push(std::thread::spawn(move || {
             let mut rng = Rng(0x51ED_2701 + t);
             let mut i = 0u64;
-            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            // The server keeps deleted bytes on disk until the bucket goes: bound what is written.
+            let budget = secs * (8 << 20);
+            while Instant::now() < deadline
+                && !stop.load(Ordering::Relaxed)
+                && bytes_written.load(Ordering::Relaxed) < budget
+            {
                 let len = rng.next(20 << 20) as usize;
                 let data = pattern(len, 1000 * t + i);
                 let name = format!("w{t}-{i}");
