@@ -28,7 +28,7 @@ struct Args {
     #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
     secret_key: String,
     /// A file holding `MODE [COUNT] [op=OP|any] [after=N] [for=MS]` to make requests misbehave
-    /// (decline, ignore, corrupt, short, throttle, delay:MS, drop, error, and for plain GETs
+    /// (decline, ignore, corrupt, short, badreply, throttle, delay:MS, drop, error, and for plain GETs
     /// reset, trickle:MS; none); re-read on every request. Without op= it hits RDMA requests;
     /// for=MS hits every matching request for MS after the file changed (an outage)
     #[arg(long)]

@@ -79,6 +79,8 @@ pub enum Fault {
     Error,
     /// Plain GetObject: half the body, then the connection is reset.
     Reset,
+    /// RDMA GetObject: the bytes are moved, but the reply headers are garbage.
+    BadReply,
     /// Plain GetObject: the body in 16 KiB pieces, one every N ms.
     Trickle(u64),
 }
@@ -95,6 +97,7 @@ impl Fault {
             "drop" => Fault::Drop,
             "error" => Fault::Error,
             "reset" => Fault::Reset,
+            "badreply" => Fault::BadReply,
             t if t.starts_with("trickle:") => Fault::Trickle(
                 t[8..]
                     .parse()
@@ -454,6 +457,13 @@ impl Endpoint {
         };
         resp.output.content_length = Some(0);
         resp.output.body = Some(StreamingBlob::from(s3s::Body::empty()));
+        if fault == Fault::BadReply {
+            resp.headers
+                .insert(REPLY_HEADER, HeaderValue::from_static("2x6"));
+            resp.headers
+                .insert(BYTES_HEADER, HeaderValue::from_static("12abc"));
+            return Ok(resp);
+        }
         resp.headers
             .extend(rdma_headers(reply, Some(data.len() as u64)));
         Ok(resp)
@@ -605,6 +615,7 @@ mod tests {
         assert!(Fault::parse("delay:soon").is_err());
         assert!(Fault::parse("explode").is_err());
         assert_eq!(Fault::parse("reset"), Ok(Fault::Reset));
+        assert_eq!(Fault::parse("badreply"), Ok(Fault::BadReply));
         assert_eq!(Fault::parse("trickle:40"), Ok(Fault::Trickle(40)));
         assert!(Fault::parse("trickle:").is_err());
     }

@@ -178,6 +178,28 @@ fn corrupt_and_short_transfers_are_errors_and_store_nothing_wrong() {
     assert!(e.message.contains("delivered"), "{e}");
 }
 
+/// Garbage in the RDMA reply headers (`x-amz-rdma-reply: 2x6`, bytes transferred `12abc`) is
+/// an error under `required`, never a success with whatever the buffer holds.
+#[test]
+fn malformed_rdma_reply_headers_are_errors_never_data() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("rdma-badreply");
+    let s3 = lib_client(&ep.url, &b, RdmaMode::Required);
+    let buf = filled(1 << 20, 12);
+    put(&s3, "k", &buf, 1 << 20).unwrap();
+    ep.fault("badreply", None);
+    let e = get(&s3, "k", 1 << 20).unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            S3ErrorKind::BadResponse | S3ErrorKind::RdmaDeclined | S3ErrorKind::Other
+        ),
+        "{e}"
+    );
+    ep.fault("none", None);
+    assert!(get(&s3, "k", 1 << 20).unwrap() == buf.as_slice());
+}
+
 // [S-RDMA-RETRY]
 #[test]
 fn retries_mint_a_fresh_token_per_attempt() {
