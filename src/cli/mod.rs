@@ -755,6 +755,12 @@ mod tests {
         assert!(e.contains("registration limit"), "{e}");
         let e = settings(&["s3rdma", "bkt", "/m", "-o", "upload_concurrency=0"]).unwrap_err();
         assert!(e.contains("upload concurrency"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "shutdown_grace=25h"]).unwrap_err();
+        assert!(e.contains("shutdown grace"), "{e}");
+        let s = settings(&["s3rdma", "bkt", "/m", "--shutdown-grace", "2s"]).unwrap();
+        assert_eq!(s.shutdown_grace, Duration::from_secs(2));
+        let s = settings(&["s3rdma", "bkt", "/m"]).unwrap();
+        assert_eq!(s.shutdown_grace, Duration::from_secs(30));
         let s = settings(&["s3rdma", "bkt", "/m", "-o", "write_buffer_size=100M"]).unwrap();
         assert_eq!(
             (s.write_part_size, s.write_buffer_size),

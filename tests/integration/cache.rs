@@ -322,23 +322,8 @@ fn s3rdma_stats_shows_the_bytes_a_read_just_moved() {
     put(&b, "f", data.clone());
     let m = Mount::new(&b, &[]);
     assert!(std::fs::read(m.join("f")).unwrap() == data);
-    let out = Command::new(bin())
-        .arg("stats")
-        .arg(&m.path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let get = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-    };
+    let text = mount_stats(&m.path);
+    let get = |name: &str| stat_value(&text, name);
     assert!(
         get("rdma_bytes_read") + get("http_bytes_read") >= data.len() as u64,
         "{text}"

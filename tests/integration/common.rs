@@ -568,3 +568,34 @@ pub fn wait_for_object(bucket: &str, key: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Close `f` and return what `close(2)` said (std's File drop ignores it; a commit fails there).
+pub fn close_file(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::io::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: closing the descriptor taken from the File, once.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// `s3rdma stats MOUNTPOINT`: the counters, one `name value` per line.
+pub fn mount_stats(path: &Path) -> String {
+    let out = Command::new(bin()).arg("stats").arg(path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "s3rdma stats: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One counter from [`mount_stats`] text.
+pub fn stat_value(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}

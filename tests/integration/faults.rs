@@ -4,7 +4,6 @@
 //! the right bytes, or EIO after a bounded time; a write is stored whole or not at all.
 
 use std::io::{Read, Write};
-use std::os::unix::io::IntoRawFd;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -136,11 +135,9 @@ fn an_outage_during_a_write_stores_the_file_whole_or_not_at_all() {
                 break;
             }
         }
-        let fd = f.into_raw_fd();
-        // SAFETY: closing the descriptor taken from the File.
-        let closed = unsafe { libc::close(fd) };
-        if result.is_ok() && closed != 0 {
-            result = Err(std::io::Error::last_os_error().raw_os_error());
+        let closed = close_file(f);
+        if let (Ok(()), Err(e)) = (&result, closed) {
+            result = Err(e.raw_os_error());
         }
         set_fault(&ep, "none");
         let stored = backend_get(&b, "w");
@@ -180,12 +177,7 @@ fn two_mounts_creating_one_key_one_wins_whole_the_other_gets_eexist() {
             for chunk in data.chunks(1 << 20) {
                 f.write_all(chunk).map_err(|e| e.raw_os_error())?;
             }
-            let fd = f.into_raw_fd();
-            // SAFETY: closing the descriptor taken from the File.
-            if unsafe { libc::close(fd) } != 0 {
-                return Err(std::io::Error::last_os_error().raw_os_error());
-            }
-            Ok(())
+            close_file(f).map_err(|e| e.raw_os_error())
         })
     };
     let ta = write(a.join("k"), data_a.clone());
@@ -223,11 +215,7 @@ fn an_object_deleted_during_a_multipart_rewrite_fails_close_and_stores_nothing()
     f.write_all(&data[..6 << 20]).unwrap();
     delete(&b, "k");
     f.write_all(&data[6 << 20..]).unwrap();
-    let fd = f.into_raw_fd();
-    // SAFETY: closing the descriptor taken from the File.
-    let closed = unsafe { libc::close(fd) };
-    let err = std::io::Error::last_os_error();
-    assert_ne!(closed, 0, "close succeeded although the object was deleted");
+    let err = close_file(f).expect_err("close succeeded although the object was deleted");
     assert_eq!(err.raw_os_error(), Some(libc::ESTALE), "{err}");
     assert!(backend_get(&b, "k").is_none(), "an object was stored");
     assert_eq!(open_uploads(&b), 0);

@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::io::IntoRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,15 +48,9 @@ fn slow_writer(
             w.fetch_add(chunk.len() as u64, Ordering::SeqCst);
             std::thread::sleep(pace);
         }
-        let fd = f.into_raw_fd();
-        // SAFETY: closing the descriptor taken from the File.
-        let closed = unsafe { libc::close(fd) };
-        let close_err = std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+        let closed = close_file(f);
         result?;
-        if closed != 0 {
-            return Err(close_err);
-        }
-        Ok(())
+        closed.map_err(|e| e.raw_os_error().unwrap_or(-1))
     });
     (written, h)
 }
@@ -281,26 +274,13 @@ fn umount_waits_for_open_files_and_lazy_umount_still_stores_them() {
     assert!(st.success());
     assert!(!is_mounted(&m.path));
     f.write_all(&data[12 << 20..]).unwrap();
-    let fd = f.into_raw_fd();
-    // SAFETY: closing the descriptor taken from the File.
-    assert_eq!(
-        unsafe { libc::close(fd) },
-        0,
-        "close after umount -l failed"
-    );
+    close_file(f).expect("close after umount -l failed");
     let exit = m
         .wait_exit(Duration::from_secs(20))
         .expect("daemon did not exit");
     assert!(exit.success(), "{}", tail(&m.log_text(), 3000));
     assert!(backend_get(&b, "lazy").expect("not stored") == data);
     assert_eq!(open_uploads(&b), 0);
-}
-
-fn stat_value(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
 
 /// [S-LIFE-RELEASE] Over loopback RDMA: `s3rdma stats` shows the registrations (page cache and
@@ -315,12 +295,7 @@ fn rdma_registrations_and_tokens_are_released_at_exit() {
     let m = Mount::new_at(&ep.url, &b, &["--rdma", "required"]);
     assert!(std::fs::read(m.join("r")).unwrap() == data);
     std::fs::write(m.join("w"), &data).unwrap();
-    let out = Command::new(bin())
-        .arg("stats")
-        .arg(&m.path)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = mount_stats(&m.path);
     assert!(stat_value(&text, "rdma_registrations") >= 2, "{text}");
     assert!(
         stat_value(&text, "rdma_registered_bytes") >= 128 << 20,

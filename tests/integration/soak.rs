@@ -43,22 +43,6 @@ fn rss_mib(pid: u32) -> u64 {
         / 1024
 }
 
-fn stats(path: &std::path::Path) -> String {
-    let out = std::process::Command::new(bin())
-        .arg("stats")
-        .arg(path)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stat_of(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-}
-
 /// A tiny deterministic generator (xorshift), so every thread's choices are reproducible.
 struct Rng(u64);
 
@@ -217,13 +201,13 @@ fn soak_readers_writers_and_listers_lose_nothing_and_leak_nothing() {
     }
     // Idle again: nothing in flight, nothing held.
     std::thread::sleep(Duration::from_millis(500));
-    let s = stats(&m.path);
-    assert_eq!(stat_of(&s, "rdma_tokens_live"), 0, "{s}");
-    assert_eq!(stat_of(&s, "requests_in_flight"), 0, "{s}");
-    assert_eq!(stat_of(&s, "files_being_written"), 0, "{s}");
-    assert_eq!(stat_of(&s, "parts_in_flight"), 0, "{s}");
-    assert_eq!(stat_of(&s, "uploads_failed"), 0, "{s}");
-    assert!(stat_of(&s, "rdma_bytes_read") > 0, "{s}");
+    let s = mount_stats(&m.path);
+    assert_eq!(stat_value(&s, "rdma_tokens_live"), 0, "{s}");
+    assert_eq!(stat_value(&s, "requests_in_flight"), 0, "{s}");
+    assert_eq!(stat_value(&s, "files_being_written"), 0, "{s}");
+    assert_eq!(stat_value(&s, "parts_in_flight"), 0, "{s}");
+    assert_eq!(stat_value(&s, "uploads_failed"), 0, "{s}");
+    assert!(stat_value(&s, "rdma_bytes_read") > 0, "{s}");
     let fds_after = fd_count(pid);
     assert!(
         fds_after.1 <= fds_before.1,

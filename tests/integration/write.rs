@@ -2,7 +2,6 @@
 //! nothing, checked through the mount and directly on the server.
 
 use std::io::{Read, Write};
-use std::os::unix::io::IntoRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -27,17 +26,7 @@ fn write_and_close(path: &Path, data: &[u8], chunk: usize) -> std::io::Result<()
     for c in data.chunks(chunk.max(1)) {
         f.write_all(c)?;
     }
-    close(f)
-}
-
-fn close(f: std::fs::File) -> std::io::Result<()> {
-    let fd = f.into_raw_fd();
-    // SAFETY: closing the descriptor we own (taken from the File).
-    if unsafe { libc::close(fd) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    close_file(f)
 }
 
 fn errno_of(r: std::io::Result<()>) -> Option<i32> {
@@ -287,7 +276,7 @@ fn a_failed_part_fails_close_and_leaves_no_object_and_no_upload() {
     std::fs::write(&ep.fault_file, "error 1000 op=PutObject\n").unwrap();
     let mut f = std::fs::File::create(m.join("fsmall")).unwrap();
     f.write_all(b"small").expect("buffered write succeeds");
-    assert_eq!(errno_of(close(f)), Some(libc::EIO), "close reports it");
+    assert_eq!(errno_of(close_file(f)), Some(libc::EIO), "close reports it");
     assert_eq!(backend_get(&b, "fsmall"), None);
     assert_eq!(open_uploads(&b), 0, "no orphan upload");
     // The failed names do not linger in the mount.
@@ -315,7 +304,7 @@ fn a_write_that_seeks_back_fails_and_stores_nothing() {
     let e = f.write_at(b"header", 0).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     assert_eq!(
-        errno_of(close(f)),
+        errno_of(close_file(f)),
         Some(libc::EINVAL),
         "close repeats the error"
     );
@@ -349,7 +338,7 @@ fn create_new_on_an_existing_object_is_eexist_and_a_racing_creator_fails_close()
         let mut f = std::fs::File::create(m.join(name)).unwrap();
         f.write_all(&pattern(len, 2)).unwrap();
         put(&b, name, b"theirs".to_vec());
-        assert_eq!(errno_of(close(f)), Some(libc::EEXIST), "{name}");
+        assert_eq!(errno_of(close_file(f)), Some(libc::EEXIST), "{name}");
         assert_eq!(backend_get(&b, name).unwrap(), b"theirs", "{name}");
     }
     assert_eq!(open_uploads(&b), 0);
@@ -380,7 +369,7 @@ fn overwrite_is_conditional_on_the_version_opened_and_visible_at_once() {
         .unwrap();
     f.write_all(&pattern(2 * PART, 3)).unwrap();
     put(&b, "f", b"theirs".to_vec());
-    assert_eq!(errno_of(close(f)), Some(libc::ESTALE));
+    assert_eq!(errno_of(close_file(f)), Some(libc::ESTALE));
     assert_eq!(backend_get(&b, "f").unwrap(), b"theirs");
     // Opening a non-empty object for writing without O_TRUNC (modify or append in place).
     let e = std::fs::OpenOptions::new()
@@ -501,7 +490,7 @@ fn a_file_being_written_is_listed_and_stats_its_size_and_is_busy_for_readers() {
         f.read(&mut byte).unwrap_err().raw_os_error(),
         Some(libc::EOPNOTSUPP)
     );
-    close(f).unwrap();
+    close_file(f).unwrap();
     assert_eq!(std::fs::read(m.join("w")).unwrap(), pattern(PART + 5, 1));
 }
 
@@ -517,7 +506,7 @@ fn fsync_stores_the_file_and_later_writes_fail_clearly() {
     assert!(backend_get(&b, "f").unwrap() == data, "stored at fsync");
     let e = f.write_all(b"more").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
-    close(f).unwrap();
+    close_file(f).unwrap();
     assert!(
         backend_get(&b, "f").unwrap() == data,
         "what fsync stored stays"
