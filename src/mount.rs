@@ -189,7 +189,16 @@ pub fn run(settings: Settings) -> ! {
         });
     }
     readiness.ready();
-    let result = session.run();
+    let result = match session.run() {
+        // The kernel reports an ended connection as ECONNABORTED when it was aborted, and at
+        // times when the last file of a lazily unmounted mount is closed: the session is over
+        // either way; what was lost, if anything, is counted by the aborted uploads below.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            warn!("the kernel ended the FUSE connection");
+            Ok(())
+        }
+        r => r,
+    };
     // From here the process must end, whatever is stuck.
     lifecycle::watchdog(std::time::Duration::from_secs(60), "final release");
     if let Err(e) = &result {
