@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
+echo "== fuzz the parsers of outside input (scripts/fuzz: libFuzzer, 20 s per target)"
+scripts/fuzz 20
 echo "== benchmark smoke run (scripts/bench --quick: keeps the suite working; numbers not asserted)"
 scripts/bench --quick --out "$(mktemp -d /tmp/s3rdma-bench-quick.XXXXXX)/quick.md"
 echo "== cargo test"

@@ -1,7 +1,7 @@
 //! Robustness of the parsers that take outside input — sizes, durations, modes, `-o` option
 //! strings, bucket sources, the RDMA reply headers, loopback tokens: hundreds of thousands of
-//! generated and mutated inputs each, none of which may panic. (Coverage-guided fuzzing with
-//! cargo fuzz is still to come; this runs in every `cargo test`.)
+//! generated and mutated inputs each, none of which may panic. This runs in every `cargo test`;
+//! the coverage-guided fuzz targets in `fuzz/` (scripts/fuzz) search the same parsers deeper.
 #![cfg(test)]
 
 use crate::cli::units::{parse_duration, parse_mode, parse_size};

@@ -12,7 +12,7 @@ use crate::fs::names;
 use crate::fs::FsConfig;
 use crate::read::ReadConfig;
 use crate::s3::{RdmaMode, S3Options};
-use units::{parse_bool, parse_duration, parse_mode, parse_size};
+use units::{parse_bool, parse_duration, parse_mode, parse_size, split_options};
 
 /// Version and commit, e.g. "0.1.0 (commit 1a2b3c4d5e6f)".
 pub const VERSION: &str = concat!(
@@ -375,28 +375,6 @@ fn parse_rdma(s: &str) -> Result<RdmaMode, String> {
 
 fn with_key<T>(key: &str, r: Result<T, String>) -> Result<T, String> {
     r.map_err(|e| format!("mount option '{key}': {e}"))
-}
-
-/// Split `a,b=c\,d` into `["a", "b=c,d"]`.
-fn split_options(s: &str) -> Vec<String> {
-    let mut out = vec![String::new()];
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                if let (Some(n), Some(o)) = (chars.next(), out.last_mut()) {
-                    o.push(n);
-                }
-            }
-            ',' => out.push(String::new()),
-            c => {
-                if let Some(o) = out.last_mut() {
-                    o.push(c);
-                }
-            }
-        }
-    }
-    out.into_iter().map(|o| o.trim().to_string()).collect()
 }
 
 /// Everything the daemon needs, resolved and validated.

@@ -1,4 +1,5 @@
-//! Parsers for sizes, durations, modes and booleans, shared by flags and `-o` options.
+//! Parsers for sizes, durations, modes, booleans and `-o` option lists, shared by flags and
+//! `-o` options. Standalone (std only), so the fuzz targets in `fuzz/` include this file as is.
 
 use std::time::Duration;
 
@@ -81,6 +82,28 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
         "false" | "no" | "0" | "off" => Ok(false),
         _ => Err(format!("{s:?} is not a boolean; write true or false")),
     }
+}
+
+/// Split `a,b=c\,d` into `["a", "b=c,d"]`.
+pub fn split_options(s: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let (Some(n), Some(o)) = (chars.next(), out.last_mut()) {
+                    o.push(n);
+                }
+            }
+            ',' => out.push(String::new()),
+            c => {
+                if let Some(o) = out.last_mut() {
+                    o.push(c);
+                }
+            }
+        }
+    }
+    out.into_iter().map(|o| o.trim().to_string()).collect()
 }
 
 #[cfg(test)]
