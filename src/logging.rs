@@ -68,16 +68,22 @@ fn stderr_is_journal() -> bool {
     dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
 }
 
-/// Install the subscriber. `level` is a level name (applied to s3rdma; other crates log errors
-/// only) or a full filter.
-pub fn init(level: &str, target: &Target) -> Result<(), String> {
+/// The filter for `--log-level`: a level name (applied to s3rdma; other crates log errors only)
+/// or a full tracing filter.
+pub fn filter(level: &str) -> Result<EnvFilter, String> {
     let directive = match level {
         "error" | "warn" | "info" | "debug" | "trace" => format!("error,s3rdma={level}"),
         other => other.to_string(),
     };
-    let filter = EnvFilter::try_new(&directive).map_err(|e| {
+    EnvFilter::try_new(&directive).map_err(|e| {
         format!("log level {level:?} is not valid ({e}); use error, warn, info, debug or trace")
-    })?;
+    })
+}
+
+/// Install the subscriber. `level` is a level name (applied to s3rdma; other crates log errors
+/// only) or a full filter.
+pub fn init(level: &str, target: &Target) -> Result<(), String> {
+    let filter = filter(level)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);

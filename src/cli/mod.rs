@@ -301,9 +301,16 @@ impl Cli {
         };
         let num = |v: Option<&str>| -> Result<u64, String> {
             let v = need(v)?;
-            v.trim()
-                .parse()
-                .map_err(|_| format!("mount option '{key}': {v:?} is not a number"))
+            v.trim().parse().map_err(|_| {
+                format!("mount option '{key}': {v:?} is not a whole number from 0 to 2^64-1")
+            })
+        };
+        // A number that must fit the option's type: never truncated (uid=4294967296 is not 0).
+        let narrow = |n: u64, max: u64| -> Result<u64, String> {
+            if n > max {
+                return Err(format!("mount option '{key}': {n} is above {max}"));
+            }
+            Ok(n)
         };
         match key {
             "endpoint_url" | "endpoint" => self.endpoint_url = Some(need(value)?),
@@ -314,19 +321,19 @@ impl Cli {
             "prefix" => self.prefix = Some(need(value)?),
             "rdma" => self.rdma = Some(with_key(key, parse_rdma(&need(value)?))?),
             "rdma_accept_206_200" => self.rdma_accept_206_200 = flag(value)?,
-            "max_attempts" => self.max_attempts = Some(num(value)? as u32),
+            "max_attempts" => self.max_attempts = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "request_timeout" => self.request_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
             "read_only" | "ro" => self.read_only = flag(value)?,
             "rw" => self.read_only = false,
-            "uid" => self.uid = Some(num(value)? as u32),
-            "gid" => self.gid = Some(num(value)? as u32),
+            "uid" => self.uid = Some(narrow(num(value)?, u32::MAX.into())? as u32),
+            "gid" => self.gid = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "file_mode" => self.file_mode = Some(with_key(key, parse_mode(&need(value)?))?),
             "dir_mode" => self.dir_mode = Some(with_key(key, parse_mode(&need(value)?))?),
             "allow_other" => self.allow_other = flag(value)?,
             "allow_root" => self.allow_root = flag(value)?,
             "auto_unmount" => self.auto_unmount = flag(value)?,
             "foreground" => self.foreground = flag(value)?,
-            "max_threads" => self.max_threads = Some(num(value)? as usize),
+            "max_threads" => self.max_threads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
             "shutdown_grace" => self.shutdown_grace = Some(with_key(key, parse_duration(&need(value)?))?),
             "metadata_ttl" => self.metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?),
             "negative_metadata_ttl" => {
@@ -334,15 +341,15 @@ impl Cli {
             }
             "read_part_size" => self.read_part_size = Some(with_key(key, parse_size(&need(value)?))?),
             "cache_size" => self.cache_size = Some(with_key(key, parse_size(&need(value)?))?),
-            "max_inflight_reads" => self.max_inflight_reads = Some(num(value)? as usize),
-            "read_ahead_kb" => self.read_ahead_kb = Some(num(value)? as u32),
+            "max_inflight_reads" => self.max_inflight_reads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
+            "read_ahead_kb" => self.read_ahead_kb = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "direct_io" => self.direct_io = flag(value)?,
             "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
             "write_part_size" => self.write_part_size = Some(with_key(key, parse_size(&need(value)?))?),
             "write_buffer_size" => {
                 self.write_buffer_size = Some(with_key(key, parse_size(&need(value)?))?)
             }
-            "upload_concurrency" => self.upload_concurrency = Some(num(value)? as usize),
+            "upload_concurrency" => self.upload_concurrency = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
             "no_file_metadata" => self.no_file_metadata = flag(value)?,
             "file_metadata" => self.no_file_metadata = !flag(value)?,
             "dir_markers" => self.dir_markers = flag(value)?,
@@ -514,8 +521,53 @@ impl Settings {
             ));
         }
         let max_attempts = cli.max_attempts.unwrap_or(6);
-        if max_attempts == 0 {
-            return Err("max attempts must be at least 1 (1 = no retry)".into());
+        if !(1..=100).contains(&max_attempts) {
+            return Err(format!(
+                "max attempts {max_attempts} is out of range; use 1 (no retry) to 100 (default 6)"
+            ));
+        }
+        let request_timeout = cli.request_timeout.unwrap_or(Duration::from_secs(30));
+        if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&request_timeout) {
+            return Err(format!(
+                "request timeout {request_timeout:?} is out of range; use 100ms to 1h (default 30s)"
+            ));
+        }
+        for (name, id) in [("uid", cli.uid), ("gid", cli.gid)] {
+            if id == Some(u32::MAX) {
+                return Err(format!(
+                    "{name} 4294967295 is not an id (it means \"no change\" to the kernel); give a real {name}"
+                ));
+            }
+        }
+        let max_inflight_reads = cli.max_inflight_reads.unwrap_or(32);
+        if !(1..=1024).contains(&max_inflight_reads) {
+            return Err(format!(
+                "max inflight reads {max_inflight_reads} is out of range; use 1 to 1024 (default 32)"
+            ));
+        }
+        let read_ahead_kb = cli.read_ahead_kb.unwrap_or(1024);
+        if read_ahead_kb > 1 << 20 {
+            return Err(format!(
+                "read ahead {read_ahead_kb} KiB is out of range; use 0 to 1048576 (1 GiB; default 1024)"
+            ));
+        }
+        let max_prefetch = cli.max_prefetch.unwrap_or((64 << 20).min(cache_size / 2));
+        if max_prefetch > cache_size / 2 {
+            return Err(format!(
+                "max prefetch {max_prefetch} is above half the cache ({cache_size} bytes): data fetched ahead would push out what is being read; lower --max-prefetch or raise --cache-size"
+            ));
+        }
+        let multipart_copy_threshold = cli.multipart_copy_threshold.unwrap_or(5 << 30);
+        if !(5u64 << 20..=5 << 30).contains(&multipart_copy_threshold) {
+            return Err(format!(
+                "multipart copy threshold {multipart_copy_threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit; default 5GiB)"
+            ));
+        }
+        if let Some(level) = &cli.log_level {
+            crate::logging::filter(level)?;
+        }
+        if cli.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            return Err("region is empty; give one such as us-east-1, or leave it out".into());
         }
         if cli.auto_unmount && !(cli.allow_other || cli.allow_root) {
             return Err(
@@ -536,6 +588,12 @@ impl Settings {
                 "upload concurrency {upload_concurrency} is out of range; use 1 to 256 (default 8)"
             ));
         }
+        let memory = ram();
+        if cache_size.saturating_add(write_buffer_size) > memory {
+            return Err(format!(
+                "cache size {cache_size} plus write buffer {write_buffer_size} bytes exceed this machine's memory ({memory} bytes); both are pinned: lower --cache-size or --write-buffer-size"
+            ));
+        }
         let metadata_ttl = cli.metadata_ttl.unwrap_or(Duration::from_secs(1));
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -549,7 +607,7 @@ impl Settings {
                 no_sign_request: cli.no_sign_request,
                 max_attempts,
                 connect_timeout: Duration::from_secs(5),
-                request_timeout: cli.request_timeout.unwrap_or(Duration::from_secs(30)),
+                request_timeout,
                 rdma: cli.rdma.unwrap_or_default(),
                 rdma_accept_206_200: cli.rdma_accept_206_200,
                 static_credentials: None,
@@ -563,16 +621,13 @@ impl Settings {
                 negative_ttl: cli.negative_metadata_ttl.unwrap_or(metadata_ttl),
                 read: ReadConfig {
                     part_size: read_part_size,
-                    max_prefetch: cli.max_prefetch.unwrap_or(64 << 20),
+                    max_prefetch,
                 },
                 direct_io: cli.direct_io,
                 read_only: cli.read_only,
                 file_metadata: !cli.no_file_metadata,
                 dir_markers: cli.dir_markers,
-                multipart_copy_threshold: cli
-                    .multipart_copy_threshold
-                    .unwrap_or(5 << 30)
-                    .clamp(5 << 20, 5 << 30),
+                multipart_copy_threshold,
             },
             bucket,
             prefix,
@@ -589,8 +644,8 @@ impl Settings {
             stats_file: cli.stats_file,
             kernel_flags: cli.kernel_flags,
             cache_size,
-            max_inflight_reads: cli.max_inflight_reads.unwrap_or(32).max(1),
-            read_ahead_kb: cli.read_ahead_kb.unwrap_or(1024),
+            max_inflight_reads,
+            read_ahead_kb,
             write_part_size,
             write_buffer_size,
             upload_concurrency,
@@ -744,6 +799,124 @@ mod tests {
             (s.write_part_size, s.write_buffer_size),
             (16 << 20, 96 << 20)
         );
+    }
+
+    /// Normalise an option name or message for comparison: `--max-attempts`, `max_attempts`
+    /// and "max attempts" all read "max attempts".
+    fn norm(s: &str) -> String {
+        s.to_lowercase().replace(['-', '_'], " ")
+    }
+
+    /// [S-START-ARGS] Every option that takes a value refuses malformed and out-of-range values,
+    /// given as a flag and as `-o`, with a message that names it; every boolean option refuses
+    /// a value that is not a boolean. An option added later without a row here fails the test.
+    #[test]
+    fn every_option_refuses_bad_values_by_name() {
+        // (option, bad value, what the message must contain, option name normalised).
+        let rows: &[(&str, &str, &str)] = &[
+            ("endpoint_url", "localhost:9000", "must start with http://"),
+            ("endpoint_url", "s3.example.com", "must start with http://"),
+            ("region", "", "region is empty"),
+            ("region", " ", "region is empty"),
+            ("prefix", "/abs", "starts with '/'"),
+            ("prefix", "a//b", "empty path segment"),
+            ("rdma", "sometimes", "rdma"),
+            ("rdma", "", "rdma"),
+            ("max_attempts", "0", "max attempts"),
+            ("max_attempts", "101", "max attempts"),
+            ("max_attempts", "-1", "max attempts"),
+            ("max_attempts", "4294967297", "max attempts"),
+            ("request_timeout", "0s", "request timeout"),
+            ("request_timeout", "50ms", "request timeout"),
+            ("request_timeout", "2h", "request timeout"),
+            ("request_timeout", "soon", "request timeout"),
+            ("uid", "4294967295", "uid"),
+            ("uid", "4294967296", "uid"),
+            ("uid", "root", "uid"),
+            ("gid", "4294967295", "gid"),
+            ("gid", "-1", "gid"),
+            ("file_mode", "0888", "file mode"),
+            ("file_mode", "17777", "file mode"),
+            ("dir_mode", "rwx", "dir mode"),
+            ("max_threads", "0", "max threads"),
+            ("max_threads", "1025", "max threads"),
+            ("max_threads", "18446744073709551616", "max threads"),
+            ("shutdown_grace", "25h", "shutdown grace"),
+            ("shutdown_grace", "-1s", "shutdown grace"),
+            ("metadata_ttl", "forever", "metadata ttl"),
+            (
+                "negative_metadata_ttl",
+                "1 fortnight",
+                "negative metadata ttl",
+            ),
+            ("read_part_size", "32KiB", "read part size"),
+            ("read_part_size", "12XB", "read part size"),
+            ("read_part_size", "8GiB", "read part size"),
+            ("cache_size", "1MiB", "cache size"),
+            ("cache_size", "100TiB", "cache size"),
+            ("max_inflight_reads", "0", "max inflight reads"),
+            ("max_inflight_reads", "5000", "max inflight reads"),
+            ("read_ahead_kb", "2000000", "read ahead"),
+            ("read_ahead_kb", "-5", "read ahead"),
+            ("max_prefetch", "1TiB", "max prefetch"),
+            ("max_prefetch", "lots", "max prefetch"),
+            ("write_part_size", "1MiB", "write part size"),
+            ("write_part_size", "6GiB", "write part size"),
+            ("write_buffer_size", "20MiB", "write buffer size"),
+            ("write_buffer_size", "8GiB", "write buffer size"),
+            (
+                "multipart_copy_threshold",
+                "1MiB",
+                "multipart copy threshold",
+            ),
+            (
+                "multipart_copy_threshold",
+                "6GiB",
+                "multipart copy threshold",
+            ),
+            ("upload_concurrency", "0", "upload concurrency"),
+            ("upload_concurrency", "257", "upload concurrency"),
+            ("log_level", "s3rdma=loud", "log level"),
+        ];
+        // Options whose values are checked when the daemon starts, not here: named files and
+        // the AWS profile (tests/integration/startup.rs covers them).
+        let at_startup = ["log_file", "stats_file", "profile"];
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let key = long.replace('-', "_");
+            if arg.get_action().takes_values() {
+                assert!(
+                    at_startup.contains(&key.as_str()) || rows.iter().any(|r| r.0 == key),
+                    "--{long} has no bad-value row"
+                );
+            } else {
+                // A boolean: -o key=maybe is refused by name; key=no is accepted.
+                let e = settings(&["s3rdma", "bkt", "/m", "-o", &format!("{key}=maybe")])
+                    .expect_err(&key);
+                assert!(norm(&e).contains(&norm(&key)), "{key}: {e}");
+                let mut cli = Cli::default();
+                cli.apply_option(&key, Some("no")).expect(&key);
+            }
+        }
+        for (key, bad, needle) in rows {
+            let flag = format!("--{}={bad}", key.replace('_', "-"));
+            let opt = format!("{key}={bad}");
+            for args in [
+                vec!["s3rdma", "bkt", "/m", flag.as_str()],
+                vec!["s3rdma", "bkt", "/m", "-o", opt.as_str()],
+            ] {
+                let e = match settings(&args) {
+                    Ok(_) => panic!("{args:?} was accepted"),
+                    Err(e) => e,
+                };
+                assert!(norm(&e).contains(&norm(needle)), "{args:?}: {e}");
+                assert!(!e.contains("panicked"), "{args:?}: {e}");
+            }
+        }
     }
 
     #[test]

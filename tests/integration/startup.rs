@@ -268,3 +268,77 @@ fn sigterm_and_sigint_unmount_and_exit_zero() {
         assert!(!is_mounted(&mnt));
     }
 }
+
+/// `s3rdma ARGS` without CAP_IPC_LOCK (root ignores RLIMIT_MEMLOCK otherwise) and with a
+/// memlock limit of 1 MiB.
+fn with_small_memlock(args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.env_clear();
+    for (k, v) in s3rdma().get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd.args([
+        "--bounding-set",
+        "-ipc_lock",
+        "prlimit",
+        "--memlock=1048576:1048576",
+        bin(),
+    ])
+    .args(args)
+    .args(endpoint_args());
+    cmd
+}
+
+// [S-START-MEMORY]
+/// A cache that cannot be pinned (RLIMIT_MEMLOCK below it): with --rdma required, a one-line
+/// error naming the limit and the fix; with --rdma auto, a warning, and the mount works over
+/// HTTP from unpinned memory. A cache larger than the machine's memory is refused up front.
+#[test]
+fn cache_above_memlock_or_ram() {
+    let b = bucket("memlock");
+    let data = pattern(3 << 20, 31);
+    put(&b, "f", data.clone());
+    let mnt = mountpoint();
+    let p = mnt.to_str().unwrap();
+
+    let cmd = with_small_memlock(&[&b, p, "--rdma", "required", "--cache-size", "32MiB"]);
+    let (c, e) = run_to_end(cmd, LIMIT);
+    assert_one_line_error(c, &e, 1, "RLIMIT_MEMLOCK");
+    assert!(e.contains("ulimit -l") && e.contains("--cache-size"), "{e}");
+    assert!(!is_mounted(&mnt));
+
+    let log = work_dir().join(format!("memlock-{}.log", std::process::id()));
+    let log_arg = log.to_str().unwrap();
+    let args = [
+        &b,
+        p,
+        "--rdma",
+        "auto",
+        "--cache-size",
+        "32MiB",
+        "--log-file",
+        log_arg,
+    ];
+    let (c, e) = run_to_end(with_small_memlock(&args), LIMIT);
+    assert_eq!(c, 0, "{e}");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(text.contains("cannot mlock"), "no warning: {text}");
+    assert!(is_mounted(&mnt));
+    let got = std::fs::read(mnt.join("f"));
+    let (uc, ue) = run_to_end(
+        {
+            let mut u = std::process::Command::new("umount");
+            u.arg(&mnt);
+            u
+        },
+        LIMIT,
+    );
+    assert!(got.expect("read from an unpinned cache") == data);
+    assert_eq!(uc, 0, "{ue}");
+
+    let (c, e) = run(&[&b, p, "--cache-size", "100TiB"]);
+    assert_one_line_error(c, &e, 2, "exceed this machine's memory");
+}
