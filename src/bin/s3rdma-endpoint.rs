@@ -7,6 +7,7 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use clap::Parser;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3rdma::endpoint::http_layer::{self, Peer};
 use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
 
@@ -28,9 +29,10 @@ struct Args {
     #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
     secret_key: String,
     /// A file holding `MODE [COUNT] [op=OP|any] [after=N] [for=MS]` to make requests misbehave
-    /// (decline, ignore, corrupt, short, badreply, throttle, delay:MS, drop, error, and for plain GETs
-    /// reset, trickle:MS; none); re-read on every request. Without op= it hits RDMA requests;
-    /// for=MS hits every matching request for MS after the file changed (an outage)
+    /// (decline, ignore, corrupt, short, badreply, throttle, delay:MS, drop, error; for plain
+    /// GETs reset, trickle:MS; for any answer noetag, for XML answers garbage; none); re-read on
+    /// every request. Without op= it hits RDMA requests; for=MS hits every matching request for
+    /// MS after the file changed (an outage)
     #[arg(long)]
     fault_file: Option<PathBuf>,
     /// Log filter
@@ -62,10 +64,9 @@ async fn main() {
         ))
         .force_path_style(true)
         .build();
-    let endpoint = s3rdma::endpoint::Endpoint::new(
-        aws_sdk_s3::Client::from_conf(conf),
-        args.fault_file.clone(),
-    );
+    let faults = std::sync::Arc::new(s3rdma::endpoint::FaultPlan::new(args.fault_file.clone()));
+    let endpoint =
+        s3rdma::endpoint::Endpoint::new(aws_sdk_s3::Client::from_conf(conf), faults.clone());
     let service = {
         let mut b = S3ServiceBuilder::new(endpoint);
         b.set_auth(SimpleAuth::from_single(
@@ -99,14 +100,27 @@ async fn main() {
         }
     });
     loop {
-        let (socket, _) = tokio::select! {
+        let (socket, peer_addr) = tokio::select! {
             res = listener.accept() => match res {
                 Ok(c) => c,
                 Err(e) => { tracing::error!("accept failed: {e}"); continue; }
             },
             _ = stop.as_mut() => break,
         };
-        let conn = http.serve_connection(TokioIo::new(socket), service.clone());
+        // Who connected: the owner of the client's socket decides which processes' memory its
+        // RDMA tokens may name.
+        let peer = Peer {
+            addr: peer_addr,
+            uid: socket
+                .local_addr()
+                .ok()
+                .and_then(|local| http_layer::peer_uid(peer_addr, local)),
+        };
+        let (svc, plan) = (service.clone(), faults.clone());
+        let handler = hyper::service::service_fn(move |req| {
+            http_layer::serve(svc.clone(), plan.clone(), peer, req)
+        });
+        let conn = http.serve_connection(TokioIo::new(socket), handler);
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
             let _ = conn.await;

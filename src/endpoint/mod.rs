@@ -14,12 +14,22 @@
 //! as plain S3, token ignored), `corrupt` (flip a byte of the transfer), `short` (move one byte
 //! less), `throttle` (503 SlowDown), `error` (500 InternalError), `delay:MS` (wait, then serve),
 //! `drop` (fail the request with no RDMA headers, as a cut connection would look after
-//! retries), or `none`. `op=` (GetObject, PutObject, UploadPart, CompleteMultipartUpload)
-//! narrows the fault to that operation and extends it to plain requests (where `throttle`,
-//! `error`, `drop` and `delay` apply); `after=N` lets the first N matching requests through.
+//! retries), `reset` and `trickle:MS` (plain GET bodies cut off or slowed), `noetag` (the ETag
+//! header removed from the answer), `garbage` (an XML answer's body replaced by junk), or
+//! `none`. `op=` (GetObject, PutObject, UploadPart, CompleteMultipartUpload)
+//! narrows the fault to that operation (any S3 operation name, or `any`) and extends it to
+//! plain requests (where `throttle`, `error`, `drop` and `delay` apply); `after=N` lets the
+//! first N matching requests through; `for=MS` makes it an outage of MS milliseconds.
+//!
+//! RDMA tokens are served only to a connection whose user may access the token's process
+//! (root, or the process's own user), as the kernel would allow process_vm_readv.
 
 mod faulty;
 mod forward;
+pub mod http_layer;
+pub mod plan;
+
+pub use plan::{Fault, FaultPlan};
 
 /// An RDMA-aware PUT-like handler: pull the payload from the client's memory (or pass the
 /// request through unchanged), forward it with the bytes as the body, answer with the RDMA
@@ -35,6 +45,7 @@ macro_rules! rdma_upload_handler {
                 .pull_payload(
                     $opname,
                     &mut req.headers,
+                    &req.extensions,
                     req.input.content_length,
                     crc.as_deref(),
                 )
@@ -52,9 +63,8 @@ macro_rules! rdma_upload_handler {
     };
 }
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
@@ -64,54 +74,6 @@ use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use crate::rdma::checksum;
 use crate::rdma::reply::{BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER};
 use cuobj_ffi::loopback::LoopbackToken;
-
-/// A misbehaviour the endpoint can be told to show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    None,
-    Decline,
-    Ignore,
-    Corrupt,
-    Short,
-    Throttle,
-    Delay(u64),
-    Drop,
-    Error,
-    /// Plain GetObject: half the body, then the connection is reset.
-    Reset,
-    /// RDMA GetObject: the bytes are moved, but the reply headers are garbage.
-    BadReply,
-    /// Plain GetObject: the body in 16 KiB pieces, one every N ms.
-    Trickle(u64),
-}
-
-impl Fault {
-    pub fn parse(s: &str) -> Result<Fault, String> {
-        Ok(match s {
-            "none" => Fault::None,
-            "decline" => Fault::Decline,
-            "ignore" => Fault::Ignore,
-            "corrupt" => Fault::Corrupt,
-            "short" => Fault::Short,
-            "throttle" => Fault::Throttle,
-            "drop" => Fault::Drop,
-            "error" => Fault::Error,
-            "reset" => Fault::Reset,
-            "badreply" => Fault::BadReply,
-            t if t.starts_with("trickle:") => Fault::Trickle(
-                t[8..]
-                    .parse()
-                    .map_err(|_| format!("bad trickle {t:?}: write trickle:MILLISECONDS"))?,
-            ),
-            d if d.starts_with("delay:") => Fault::Delay(
-                d[6..]
-                    .parse()
-                    .map_err(|_| format!("bad delay {d:?}: write delay:MILLISECONDS"))?,
-            ),
-            other => return Err(format!("unknown fault {other:?}")),
-        })
-    }
-}
 
 /// Counters of what the endpoint moved.
 #[derive(Debug, Default)]
@@ -125,9 +87,7 @@ pub struct EndpointStats {
 
 pub struct Endpoint {
     proxy: s3s_aws::Proxy,
-    fault_file: Option<PathBuf>,
-    /// (file contents, requests already matched by them, when they were first seen).
-    fault_state: Mutex<(String, u64, std::time::Instant)>,
+    faults: Arc<FaultPlan>,
     pub stats: EndpointStats,
 }
 
@@ -212,72 +172,17 @@ fn read_from_client(tok: &LoopbackToken) -> Result<Vec<u8>, String> {
 }
 
 impl Endpoint {
-    pub fn new(backend: aws_sdk_s3::Client, fault_file: Option<PathBuf>) -> Self {
+    pub fn new(backend: aws_sdk_s3::Client, faults: Arc<FaultPlan>) -> Self {
         Endpoint {
             proxy: s3s_aws::Proxy::from(backend),
-            fault_file,
-            fault_state: Mutex::new((String::new(), 0, std::time::Instant::now())),
+            faults,
             stats: EndpointStats::default(),
         }
     }
 
-    /// The fault for this request (operation `op`, carrying an RDMA token or not), from the
-    /// fault file.
+    /// The fault for this request (operation `op`, carrying an RDMA token or not).
     fn next_fault(&self, op: &str, rdma: bool) -> Fault {
-        let Some(path) = &self.fault_file else {
-            return Fault::None;
-        };
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let text = text.trim().to_string();
-        let mut st = self.fault_state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.0 != text {
-            *st = (text.clone(), 0, std::time::Instant::now());
-        }
-        let mut words = text.split_whitespace();
-        let Some(mode) = words.next() else {
-            return Fault::None;
-        };
-        let fault = match Fault::parse(mode) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring the fault file");
-                return Fault::None;
-            }
-        };
-        let (mut count, mut only, mut after, mut window) = (u64::MAX, None, 0u64, None);
-        for w in words {
-            if let Some(o) = w.strip_prefix("op=") {
-                only = Some(o);
-            } else if let Some(n) = w.strip_prefix("after=") {
-                after = n.parse().unwrap_or(0);
-            } else if let Some(ms) = w.strip_prefix("for=") {
-                window = ms.parse().ok().map(Duration::from_millis);
-            } else if let Ok(n) = w.parse() {
-                count = n;
-            }
-        }
-        let matches = match only {
-            Some("any") => true,
-            Some(o) => o == op,
-            None => rdma,
-        };
-        if !matches {
-            return Fault::None;
-        }
-        // for=MS: every matching request during MS after the file changed (an outage).
-        if let Some(w) = window {
-            if st.2.elapsed() >= w {
-                return Fault::None;
-            }
-            tracing::info!(op, ?fault, "injecting a fault (window)");
-            return fault;
-        }
-        st.1 += 1;
-        if st.1 <= after || st.1 - after > count {
-            return Fault::None;
-        }
-        tracing::info!(op, ?fault, "injecting a fault");
-        fault
+        self.faults.next(op, rdma, false)
     }
 
     /// The faults that apply to a plain (token-less) request.
@@ -311,7 +216,10 @@ impl Endpoint {
 
     /// The request's loopback token, if it carries one. A token that is malformed, or whose
     /// process is gone, is refused (400 InvalidRDMAToken).
-    fn token(headers: &HeaderMap) -> S3Result<Option<LoopbackToken>> {
+    fn token(
+        headers: &HeaderMap,
+        extensions: &http::Extensions,
+    ) -> S3Result<Option<LoopbackToken>> {
         let Some(v) = headers.get(TOKEN_HEADER) else {
             return Ok(None);
         };
@@ -331,6 +239,10 @@ impl Endpoint {
         Self::check_request_rules(headers)?;
         if !tok.is_live_process() {
             return Err(invalid("the process that minted this token is gone"));
+        }
+        if let Err(why) = http_layer::may_access(extensions.get::<http_layer::Peer>(), tok.pid) {
+            tracing::warn!(pid = tok.pid, "refusing an RDMA token: {why}");
+            return Err(S3Error::with_message(S3ErrorCode::AccessDenied, why));
         }
         Ok(Some(tok))
     }
@@ -380,7 +292,7 @@ impl Endpoint {
         &self,
         mut req: S3Request<s3s::dto::GetObjectInput>,
     ) -> S3Result<S3Response<s3s::dto::GetObjectOutput>> {
-        let Some(tok) = Self::token(&req.headers)? else {
+        let Some(tok) = Self::token(&req.headers, &req.extensions)? else {
             self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
             let fault = self.next_fault("GetObject", false);
             Self::plain_error(fault).await?;
@@ -475,10 +387,11 @@ impl Endpoint {
         &self,
         op: &str,
         headers: &mut HeaderMap,
+        extensions: &http::Extensions,
         content_length: Option<i64>,
         crc64nvme: Option<&str>,
     ) -> S3Result<Option<Vec<u8>>> {
-        let Some(tok) = Self::token(headers)? else {
+        let Some(tok) = Self::token(headers, extensions)? else {
             self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
             self.plain_fault(op).await?;
             return Ok(None);

@@ -647,6 +647,14 @@ impl fuser::Filesystem for S3Fs {
             Ok(keys) => warn!(count = keys.len(), keys = ?keys, "files still open for writing when the mount ended were not stored"),
             Err(_) => warn!("aborting the files still being written took over 60 s; some multipart uploads may be left (a bucket lifecycle rule removes them)"),
         }
+        if let Some(up) = &self.uploader {
+            let left = self
+                .rt
+                .block_on(up.wait_for_aborts(Duration::from_secs(30)));
+            if left > 0 {
+                warn!(count = left, "multipart uploads of failed writes could not be aborted (the endpoint is still failing); a bucket lifecycle rule removes them");
+            }
+        }
         // No handle can be used again: let go of their cache blocks and write buffers.
         self.lock_files().clear();
         self.lock_dirs().clear();

@@ -16,7 +16,7 @@ pub mod pool;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -44,6 +44,8 @@ pub struct UploadStats {
     pub uploads_failed: AtomicU64,
     pub uploads_aborted: AtomicU64,
     pub parts_in_flight: AtomicU64,
+    /// Aborts of failed uploads still being retried in the background (the endpoint was down).
+    pub aborts_pending: AtomicU64,
 }
 
 /// What every file being written shares: the pool, the upload slots, the client.
@@ -110,17 +112,31 @@ impl Uploader {
         }
     }
 
+    /// Wait (at most `limit`) for the aborts being retried in the background; returns how many
+    /// are still pending.
+    pub async fn wait_for_aborts(&self, limit: Duration) -> u64 {
+        let end = Instant::now() + limit;
+        loop {
+            let n = self.stats.aborts_pending.load(Ordering::Relaxed);
+            if n == 0 || Instant::now() >= end {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn summary(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let s = &self.stats;
         format!(
-            "objects_written={} bytes_written={} parts_uploaded={} parts_in_flight={} uploads_failed={} uploads_aborted={} write_waits={} write_overflow={}",
+            "objects_written={} bytes_written={} parts_uploaded={} parts_in_flight={} uploads_failed={} uploads_aborted={} aborts_pending={} write_waits={} write_overflow={}",
             g(&s.objects_written),
             g(&s.bytes_written),
             g(&s.parts_uploaded),
             g(&s.parts_in_flight),
             g(&s.uploads_failed),
             g(&s.uploads_aborted),
+            g(&s.aborts_pending),
             g(&self.pool.stats.waits),
             g(&self.pool.stats.overflow),
         )
@@ -589,21 +605,72 @@ async fn join(t: JoinHandle<PartResult>) -> PartResult {
     })
 }
 
-/// AbortMultipartUpload, retried (by the client) like any request; a failure is logged with
-/// what the user can do about the orphan.
-async fn abort(up: &Uploader, key: &str, upload_id: &str) {
+/// How long an abort that fails for a passing reason (the endpoint down, 5xx, throttling) is
+/// retried in the background after the request's own attempts are spent.
+const ABORT_PERSIST: Duration = Duration::from_secs(600);
+
+/// AbortMultipartUpload, retried like any request. When the endpoint is unreachable or failing
+/// (the usual reason the upload failed in the first place), the abort goes on in the background
+/// with backoff for up to `ABORT_PERSIST`, so an outage does not leave the upload's parts
+/// behind; `s3rdma stats` counts those still pending, and unmounting waits for them a while.
+async fn abort(up: &Arc<Uploader>, key: &str, upload_id: &str) {
     match up.s3.abort_multipart(key, upload_id).await {
-        Ok(()) => {
-            up.stats.uploads_aborted.fetch_add(1, Ordering::Relaxed);
-            debug!(key, upload_id, "multipart upload aborted");
+        Ok(()) => aborted(up, key, upload_id),
+        Err(e) if e.kind == S3ErrorKind::NotFound => {
+            debug!(key, upload_id, "multipart upload already gone")
         }
-        Err(e) => warn!(
-            key,
-            upload_id,
-            error = %e,
-            "cannot abort the multipart upload; its parts stay billed until aborted (aws s3api abort-multipart-upload) or removed by a bucket lifecycle rule"
-        ),
+        Err(e) if transient(&e) => {
+            warn!(key, upload_id, error = %e, "cannot abort the multipart upload now; retrying in the background");
+            up.stats.aborts_pending.fetch_add(1, Ordering::Relaxed);
+            let (up2, key, id) = (up.clone(), key.to_string(), upload_id.to_string());
+            up.rt.spawn(async move {
+                let start = Instant::now();
+                let mut wait = Duration::from_millis(500);
+                let last = loop {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(10));
+                    match up2.s3.abort_multipart(&key, &id).await {
+                        Ok(()) => {
+                            aborted(&up2, &key, &id);
+                            break None;
+                        }
+                        Err(e) if e.kind == S3ErrorKind::NotFound => break None,
+                        Err(e) if transient(&e) && start.elapsed() < ABORT_PERSIST => {}
+                        Err(e) => break Some(e),
+                    }
+                };
+                if let Some(e) = last {
+                    orphaned(&key, &id, &e);
+                }
+                up2.stats.aborts_pending.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        Err(e) => orphaned(key, upload_id, &e),
     }
+}
+
+fn transient(e: &S3Error) -> bool {
+    matches!(
+        e.kind,
+        S3ErrorKind::ServerError
+            | S3ErrorKind::Throttled
+            | S3ErrorKind::Unreachable
+            | S3ErrorKind::Timeout
+    )
+}
+
+fn aborted(up: &Uploader, key: &str, upload_id: &str) {
+    up.stats.uploads_aborted.fetch_add(1, Ordering::Relaxed);
+    debug!(key, upload_id, "multipart upload aborted");
+}
+
+fn orphaned(key: &str, upload_id: &str, e: &S3Error) {
+    warn!(
+        key,
+        upload_id,
+        error = %e,
+        "cannot abort the multipart upload; its parts stay billed until aborted (aws s3api abort-multipart-upload) or removed by a bucket lifecycle rule"
+    )
 }
 
 #[cfg(test)]
