@@ -461,16 +461,30 @@ impl Upload {
                     return Err(self.fail(e).await);
                 }
                 self.done.sort_unstable_by_key(|(n, _)| *n);
-                self.up
+                match self
+                    .up
                     .s3
                     .complete_multipart_if(&self.key, &id, &self.done, &self.cond)
                     .await
+                {
+                    // HTTP 200 with a body that could not be read: the upload may well be
+                    // complete; the server knows.
+                    Err(e) if e.status == Some(200) && self.target.is_none() => {
+                        warn!(key = %self.key, error = %e, "unreadable answer to CompleteMultipartUpload");
+                        Ok(String::new())
+                    }
+                    r => r,
+                }
             }
         };
         let stored = match (stored, self.target.clone(), self.upload_id.is_some()) {
             // Completed under the old key: move it where it was renamed to.
             (Ok(etag), Some(target), true) => self.move_completed(etag, &target).await,
             (r, _, _) => r,
+        };
+        let stored = match stored {
+            Ok(etag) if etag.is_empty() => self.confirm_stored().await,
+            r => r,
         };
         match stored {
             Ok(etag) => {
@@ -555,6 +569,36 @@ impl Upload {
             warn!(key = %self.key, to = target, error = %e, "the file was renamed while written and stored under its new name; its first name could not be deleted");
         }
         Ok(new)
+    }
+
+    /// The write was answered with success but no ETag (a body that could not be read, or a
+    /// server that left the header out): ask the server what is under the key now. It is taken
+    /// as ours only if its size is the size written; otherwise the write fails.
+    async fn confirm_stored(&self) -> Result<String, S3Error> {
+        let key = self.target.as_deref().unwrap_or(&self.key);
+        warn!(
+            key,
+            "the server confirmed the write without an ETag; checking the object with HEAD"
+        );
+        let info = self.up.s3.head(key).await?;
+        // A multipart object's ETag ends in "-<parts>" (AWS, MinIO, Ceph, SeaweedFS).
+        let parts_match = self.done.is_empty()
+            || info
+                .etag
+                .trim_matches('"')
+                .ends_with(&format!("-{}", self.done.len()));
+        if info.size != self.size || info.etag.is_empty() || !parts_match {
+            return Err(S3Error::new(
+                S3ErrorKind::BadResponse,
+                "CompleteMultipartUpload",
+                key,
+                format!(
+                    "the server's answer could not be read, and the object now under the key is not the file as written ({} bytes, ETag {:?}; {} bytes in {} parts were written)",
+                    info.size, info.etag, self.size, self.done.len()
+                ),
+            ));
+        }
+        Ok(info.etag)
     }
 
     /// Abandon the file (nothing is stored): for a handle dropped without a commit.

@@ -246,3 +246,91 @@ fn an_object_replaced_between_open_and_first_read_is_estale() {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
     }
 }
+
+/// [S-FAULT-MALFORMED] Answers without an ETag header: a read is still pinned — the version
+/// comes from the listing and every GET carries If-Match, which the server checks — so the bytes
+/// are right, and an object replaced after `open` still gives ESTALE, never the new bytes.
+#[test]
+fn answers_without_an_etag_keep_reads_pinned() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("noetag-r");
+    let data = pattern(2 << 20, 41);
+    put(&b, "f", data.clone());
+    let m = via(&ep, &b, &["--metadata-ttl", "0"]);
+    set_fault(&ep, "noetag op=any");
+    assert!(read_file(&m.join("f")).expect("read without ETag headers") == data);
+    let mut f = std::fs::File::open(m.join("f")).unwrap();
+    put(&b, "f", pattern(2 << 20, 44));
+    let mut buf = vec![0u8; 65536];
+    match f.read_exact(&mut buf) {
+        Ok(()) => assert!(buf[..] == data[..65536], "the new version was read"),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+    }
+}
+
+/// [S-FAULT-MALFORMED] A PutObject answer without an ETag: the object was stored (HTTP 200 with
+/// its checksum checked by the server), so `close` succeeds, a warning is logged, and the next
+/// open learns the version from the server.
+#[test]
+fn a_put_answer_without_an_etag_still_stores_the_file() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("noetag-w");
+    let m = via(&ep, &b, &["--metadata-ttl", "0"]);
+    set_fault(&ep, "noetag op=PutObject");
+    let data = pattern(1 << 20, 42);
+    std::fs::write(m.join("w"), &data).expect("write");
+    set_fault(&ep, "none");
+    assert!(backend_get(&b, "w").as_deref() == Some(&data[..]));
+    assert!(read_file(&m.join("w")).expect("read back") == data);
+}
+
+/// [S-FAULT-MALFORMED] Bodies that are not XML: a listing fails with EIO (the mount keeps
+/// working once answers are sane again); a CreateMultipartUpload answer that cannot be read
+/// fails the write with EIO and stores nothing; a CompleteMultipartUpload answer that cannot be
+/// read is checked with HEAD (the size written and an ETag), so the write succeeds only when the
+/// whole file is there. Nothing panics.
+#[test]
+fn answers_that_are_not_xml_fail_cleanly() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("garbage");
+    put(&b, "d/x", b"x".to_vec());
+    let m = via(
+        &ep,
+        &b,
+        &["--metadata-ttl", "0", "--write-part-size", "5MiB"],
+    );
+    set_fault(&ep, "garbage op=ListObjectsV2");
+    let e = std::fs::read_dir(m.join("d"))
+        .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+        .map(|v| v.len())
+        .expect_err("listing with a garbage answer");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    set_fault(&ep, "none");
+    assert_eq!(std::fs::read_dir(m.join("d")).unwrap().count(), 1);
+
+    let data = pattern(12 << 20, 43);
+    for (n, op) in ["CreateMultipartUpload", "CompleteMultipartUpload"]
+        .iter()
+        .enumerate()
+    {
+        let name = format!("w{n}");
+        set_fault(&ep, &format!("garbage op={op}"));
+        let r = std::fs::File::create(m.join(&name))
+            .and_then(|mut f| f.write_all(&data).map(|()| f))
+            .and_then(close_file);
+        set_fault(&ep, "none");
+        let stored = backend_get(&b, &name);
+        if n == 0 {
+            let e = r.map(|_| name.clone()).expect_err(op);
+            assert_eq!(e.raw_os_error(), Some(libc::EIO), "{op}: {e}");
+            assert!(stored.is_none(), "{op}: an object was stored");
+        } else {
+            r.unwrap_or_else(|e| panic!("{op}: the upload completed, but close failed: {e}"));
+            assert!(stored == Some(data.clone()), "{op}: not the whole file");
+            assert!(read_file(&m.join(&name)).expect("read back") == data);
+        }
+    }
+    let log = m.stop();
+    assert!(!log.contains("panicked"), "a panic: {}", tail(&log, 2000));
+    assert!(log.contains("without an ETag; checking the object with HEAD"));
+}
