@@ -85,7 +85,7 @@ const HANDLER_FAULTED: &[&str] = &[
 ];
 
 /// The answer a request-level fault gives instead of the real one (after waiting, for delay).
-async fn failure(op: &str, fault: Fault) -> Option<HttpResponse> {
+async fn failure(fault: Fault) -> Option<HttpResponse> {
     let (status, code) = match fault {
         Fault::Throttle => (503, "SlowDown"),
         Fault::Error | Fault::Drop => (500, "InternalError"),
@@ -117,7 +117,7 @@ pub async fn serve(
     // Operations the S3 handlers do not fault themselves get throttle/error/drop/delay here, so
     // an outage (`error op=any for=MS`) covers every request.
     if !HANDLER_FAULTED.contains(&op) {
-        if let Some(resp) = failure(op, faults.next(op, rdma, false)).await {
+        if let Some(resp) = failure(faults.next(op, rdma, false)).await {
             return Ok(resp);
         }
     }
