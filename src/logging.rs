@@ -99,7 +99,11 @@ pub fn init(level: &str, target: &Target) -> Result<(), String> {
                 .with_writer(std::sync::Mutex::new(f))
                 .try_init()
         }
-        Target::Stderr => builder.with_writer(std::io::stderr).try_init(),
+        // Colours only for a terminal: stderr redirected to a file stays plain text.
+        Target::Stderr => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init(),
         Target::Journal => builder
             .with_ansi(false)
             .without_time()

@@ -487,6 +487,12 @@ impl RdmaEndpoint {
         };
         std::fs::write(&self.fault_file, text).expect("fault file");
     }
+
+    /// Write `text` (`MODE [COUNT] [op=OP] [after=N] [for=MS]`) to the fault file; counting
+    /// starts again whenever the text changes.
+    pub fn fault_text(&self, text: &str) {
+        std::fs::write(&self.fault_file, format!("{text}\n")).expect("fault file");
+    }
 }
 
 impl Drop for RdmaEndpoint {

@@ -15,7 +15,7 @@ fn via(ep: &RdmaEndpoint, b: &str, extra: &[&str]) -> Mount {
 }
 
 fn set_fault(ep: &RdmaEndpoint, text: &str) {
-    std::fs::write(&ep.fault_file, format!("{text}\n")).unwrap();
+    ep.fault_text(text);
 }
 
 fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {

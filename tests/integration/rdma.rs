@@ -340,3 +340,76 @@ fn multipart_parts_go_over_rdma_each_with_its_own_token() {
         .expect("abort");
     assert!(backend_get(&b, "bad.bin").is_none());
 }
+
+// [S-FAULT-RDMA]
+/// RDMA declines and transfer failures in the middle of large files, through the mount under
+/// `--rdma auto`: a declined GET or part is moved over HTTP (counted), a failed transfer is
+/// retried with a fresh token; every byte read and stored is right (SHA-256 of the whole file).
+#[test]
+fn declines_and_transfer_failures_mid_file_through_the_mount() {
+    use sha2::{Digest, Sha256};
+    let ep = RdmaEndpoint::start();
+    let b = bucket("rdma-midfile");
+    let data = pattern(40 << 20, 51);
+    for i in 0..3 {
+        crate::common::put(&b, &format!("big{i}"), data.clone());
+    }
+    let m = Mount::new_at(
+        &ep.url,
+        &b,
+        &[
+            "--rdma",
+            "auto",
+            "--read-part-size",
+            "4MiB",
+            "--write-part-size",
+            "5MiB",
+            "--direct-io",
+        ],
+    );
+    let want = Sha256::digest(&data);
+    // Reads: the 3rd..5th RDMA GETs declined, then the 3rd..4th after that dropped.
+    // A file per fault: a file read once is served from the cache.
+    for (i, fault) in ["decline 3 after=2", "drop 2 after=2", "throttle 2 after=3"]
+        .iter()
+        .enumerate()
+    {
+        ep.fault_text(fault);
+        let got =
+            std::fs::read(m.join(&format!("big{i}"))).unwrap_or_else(|e| panic!("{fault}: {e}"));
+        assert!(Sha256::digest(&got) == want, "{fault}: wrong bytes");
+    }
+    // Writes: parts declined (sent again over HTTP) and dropped (retried) mid-file.
+    for (i, fault) in ["decline 2 after=2", "drop 2 after=1"].iter().enumerate() {
+        ep.fault_text(fault);
+        let name = format!("w{i}");
+        let mut f = std::fs::File::create(m.join(&name)).unwrap();
+        for chunk in data.chunks(1 << 20) {
+            std::io::Write::write_all(&mut f, chunk).unwrap_or_else(|e| panic!("{fault}: {e}"));
+        }
+        close_file(f).unwrap_or_else(|e| panic!("{fault}: close: {e}"));
+        let stored = backend_get(&b, &name).expect("stored");
+        assert!(
+            Sha256::digest(&stored) == want,
+            "{fault}: wrong bytes stored"
+        );
+    }
+    ep.fault_text("none");
+    assert_eq!(open_uploads(&b), 0);
+    let log = m.stop();
+    assert!(
+        unmount_counter(&log, "declines") >= 5,
+        "declines not counted"
+    );
+    assert!(
+        unmount_counter(&log, "fallbacks") >= 5,
+        "fallbacks not counted"
+    );
+    assert!(unmount_counter(&log, "rdma_bytes_read") > 0);
+    assert!(unmount_counter(&log, "http_bytes_read") > 0);
+    let ep_log = std::fs::read_to_string(ep.fault_file.with_file_name("endpoint.log")).unwrap();
+    for (fault, least) in [("Decline", 5), ("Drop", 4), ("Throttle", 2)] {
+        let n = ep_log.matches(&format!("fault={fault}")).count();
+        assert!(n >= least, "{fault} injected {n} times");
+    }
+}
