@@ -99,3 +99,89 @@ fn the_loopback_endpoint_listens_on_loopback_only() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a loopback address"), "{err}");
 }
+
+/// A loopback token naming process `pid` (live: its start time and this boot's id), with a
+/// window of 4 KiB at an address that is not mapped.
+fn token_for(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let start: u64 = rest.split(' ').nth(19).unwrap().parse().unwrap();
+    let boot: String = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .take(16)
+        .collect();
+    format!("0000000000001000:00001000:{pid:08x}:0000:000001:1:{start:016x}{boot}")
+}
+
+/// A signed GET carrying `token`, sent by curl as root or as nobody; returns the HTTP status.
+fn signed_get_with_token(url: &str, token: &str, nobody: bool) -> String {
+    let mut cmd = if nobody {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "curl",
+        ]);
+        c
+    } else {
+        Command::new("curl")
+    };
+    let out = cmd
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "20",
+        ])
+        .args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
+        .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+        .arg("-H")
+        .arg(format!("x-amz-rdma-token: {token}"))
+        // The cuObject request rules: UNSIGNED-PAYLOAD and an explicit empty body.
+        .args([
+            "-H",
+            "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+            "-H",
+            "Content-Length: 0",
+        ])
+        .arg(url)
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+// [S-SEC-TOKEN]
+/// The loopback endpoint moves bytes only to and from processes the connecting user may
+/// access itself: user nobody presenting a token that names a root process is refused (403,
+/// logged) before any memory is touched; the same token from root reaches the transfer (which
+/// then fails on the unmapped window, 500) — so the refusal is the user check, not the token.
+#[test]
+fn rdma_tokens_are_served_only_for_processes_the_peer_may_access() {
+    let ep = RdmaEndpoint::start();
+    let b = bucket("token-owner");
+    put(&b, "k", pattern(4096, 71));
+    // A root process of this test's own, named by the token.
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    let token = token_for(victim.id());
+    let url = format!("{}/{b}/k", ep.url);
+    let as_nobody = signed_get_with_token(&url, &token, true);
+    let as_root = signed_get_with_token(&url, &token, false);
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert_eq!(as_nobody, "403", "nobody was not refused");
+    assert_eq!(as_root, "500", "root's request did not reach the transfer");
+    let log = std::fs::read_to_string(ep.fault_file.with_file_name("endpoint.log")).unwrap();
+    assert!(
+        log.contains("refusing an RDMA token") && log.contains("may not access"),
+        "{}",
+        tail(&log, 2000)
+    );
+}
