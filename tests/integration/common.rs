@@ -209,8 +209,7 @@ pub fn server() -> &'static Server {
         }
         let endpoint = format!("http://127.0.0.1:{port}");
         wait_until_ready(&endpoint, &dir, Duration::from_secs(90));
-        let server = Server { endpoint };
-        server
+        Server { endpoint }
     })
 }
 
