@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod cli;
 pub mod daemon;
+pub mod diskcache;
 pub mod endpoint;
 pub mod fs;
 pub mod lifecycle;
@@ -15,3 +16,4 @@ pub mod s3;
 pub mod startup;
 pub mod stats;
 pub mod upload;
+pub mod warm;

@@ -6,8 +6,10 @@ fn main() {
         print!("{}", s3rdma::rdma::version_report());
         return;
     }
-    if args.get(1).map(String::as_str) == Some("stats") {
-        std::process::exit(s3rdma::stats::run(&args[2..]));
+    match args.get(1).map(String::as_str) {
+        Some("stats") => std::process::exit(s3rdma::stats::run(&args[2..])),
+        Some("warm") => std::process::exit(s3rdma::warm::run(&args[2..])),
+        _ => {}
     }
     let cli = s3rdma::cli::Cli::parse();
     match s3rdma::cli::Settings::from_cli(cli) {

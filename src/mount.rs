@@ -114,8 +114,25 @@ pub fn run(settings: Settings) -> ! {
         );
         Some(uploader)
     };
+    let disk = match &settings.cache_dir {
+        Some(dir) => {
+            let limit = settings
+                .cache_dir_size
+                .unwrap_or_else(|| crate::diskcache::default_size(dir));
+            match crate::diskcache::DiskCache::open(
+                dir,
+                limit,
+                &settings.bucket,
+                settings.fs.read.part_size,
+            ) {
+                Ok(d) => Some(d),
+                Err(msg) => readiness.fail(&msg),
+            }
+        }
+        None => None,
+    };
     let notifier = Arc::new(OnceLock::new());
-    let fs = S3Fs::new(
+    let mut fs = S3Fs::new(
         rt.handle().clone(),
         s3,
         cache.clone(),
@@ -124,6 +141,9 @@ pub fn run(settings: Settings) -> ! {
         notifier.clone(),
         uploader.clone(),
     );
+    if let Some(d) = &disk {
+        fs.set_disk_cache(d.clone(), settings.passthrough);
+    }
     let control = fs.control();
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(&settings);
@@ -172,10 +192,16 @@ pub fn run(settings: Settings) -> ! {
         "mounted"
     );
     let summary = {
-        let (stats, cache, uploader) = (stats.clone(), cache.clone(), uploader.clone());
+        let (stats, cache, uploader, disk) =
+            (stats.clone(), cache.clone(), uploader.clone(), disk.clone());
         move || {
             let writes = uploader.as_ref().map(|u| u.summary()).unwrap_or_default();
-            format!("{} {} {writes}", stats.summary(), cache.stats.summary())
+            let disk = disk.as_ref().map(|d| d.summary()).unwrap_or_default();
+            format!(
+                "{} {} {writes} {disk}",
+                stats.summary(),
+                cache.stats.summary()
+            )
         }
     };
     if let Some(path) = settings.stats_file.clone() {
@@ -223,6 +249,9 @@ pub fn run(settings: Settings) -> ! {
     // tokens), then the cache and the write buffers.
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     drop(summary);
+    if let Some(d) = disk {
+        d.close();
+    }
     drop(cache);
     drop(uploader);
     let live = cuobj_ffi::live();

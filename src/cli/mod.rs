@@ -188,6 +188,21 @@ pub struct Cli {
     #[arg(long, help_heading = "Caching and reads")]
     pub direct_io: bool,
 
+    /// Keep whole objects read through the mount in this local directory (keyed by bucket,
+    /// key and ETag, checked by CRC, kept across remounts); an open file fully there is read
+    /// from it — by the kernel itself (FUSE passthrough) where it can
+    #[arg(long, value_name = "DIR", help_heading = "Caching and reads")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Most bytes kept in --cache-dir, least recently used evicted first [default: half the
+    /// free space of its file system]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub cache_dir_size: Option<u64>,
+
+    /// Serve files in --cache-dir through the daemon, never by FUSE passthrough
+    #[arg(long, help_heading = "Caching and reads")]
+    pub no_passthrough: bool,
+
     /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB]
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub max_prefetch: Option<u64>,
@@ -344,6 +359,12 @@ impl Cli {
             "max_inflight_reads" => self.max_inflight_reads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
             "read_ahead_kb" => self.read_ahead_kb = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "direct_io" => self.direct_io = flag(value)?,
+            "cache_dir" => self.cache_dir = Some(PathBuf::from(need(value)?)),
+            "cache_dir_size" => {
+                self.cache_dir_size = Some(with_key(key, parse_size(&need(value)?))?)
+            }
+            "no_passthrough" => self.no_passthrough = flag(value)?,
+            "passthrough" => self.no_passthrough = !flag(value)?,
             "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
             "write_part_size" => self.write_part_size = Some(with_key(key, parse_size(&need(value)?))?),
             "write_buffer_size" => {
@@ -411,6 +432,10 @@ pub struct Settings {
     pub write_part_size: u64,
     pub write_buffer_size: u64,
     pub upload_concurrency: usize,
+    /// The disk cache: its directory, its size (None: the default), passthrough wanted.
+    pub cache_dir: Option<PathBuf>,
+    pub cache_dir_size: Option<u64>,
+    pub passthrough: bool,
 }
 
 /// Physical memory (8 GiB if it cannot be read).
@@ -563,6 +588,21 @@ impl Settings {
                 "multipart copy threshold {multipart_copy_threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit; default 5GiB)"
             ));
         }
+        if cli.cache_dir.is_none() && (cli.cache_dir_size.is_some() || cli.no_passthrough) {
+            return Err("--cache-dir-size and --no-passthrough need --cache-dir DIR".into());
+        }
+        if let Some(size) = cli.cache_dir_size {
+            if size < 64 << 20 {
+                return Err(format!(
+                    "cache dir size {size} is below 64MiB; give more, or leave --cache-dir out"
+                ));
+            }
+        }
+        if let Some(dir) = &cli.cache_dir {
+            if dir.as_os_str().is_empty() {
+                return Err("cache dir is empty; give a directory on a local disk".into());
+            }
+        }
         if let Some(level) = &cli.log_level {
             crate::logging::filter(level)?;
         }
@@ -649,6 +689,9 @@ impl Settings {
             write_part_size,
             write_buffer_size,
             upload_concurrency,
+            passthrough: !cli.no_passthrough,
+            cache_dir: cli.cache_dir,
+            cache_dir_size: cli.cache_dir_size,
         })
     }
 
@@ -877,6 +920,9 @@ mod tests {
             ("upload_concurrency", "0", "upload concurrency"),
             ("upload_concurrency", "257", "upload concurrency"),
             ("log_level", "s3rdma=loud", "log level"),
+            ("cache_dir", "", "cache dir"),
+            ("cache_dir_size", "1MiB", "cache dir size"),
+            ("cache_dir_size", "lots", "cache dir size"),
         ];
         // Options whose values are checked when the daemon starts, not here: named files and
         // the AWS profile (tests/integration/startup.rs covers them).

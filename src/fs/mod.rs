@@ -18,15 +18,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, debug_span, info, warn};
 
 use crate::cache::Cache;
+use crate::diskcache::{CachedFile, DiskCache};
 use crate::read::{ObjectReader, ReadConfig, ReadData};
 use crate::s3::{FileMeta, S3Client, S3Error, S3ErrorKind};
 use crate::upload::Uploader;
@@ -81,6 +82,34 @@ const HIDDEN_LOG_CAPACITY: u64 = 100_000;
 enum OpenFile {
     Read(u64, ObjectReader),
     Write(u64, write::WriteFile),
+    /// Served from the disk cache: by the kernel when `backing` is set (passthrough), else by
+    /// `pread` here.
+    Disk(u64, DiskFile),
+}
+
+struct DiskFile {
+    key: String,
+    etag: String,
+    cached: CachedFile,
+    backing: Option<Arc<BackingId>>,
+    /// Opened in the kernel's cached mode (counted in PassState::cached).
+    cached_mode: bool,
+}
+
+/// Which inodes the kernel serves by passthrough, and which are open in its cached mode: the
+/// kernel refuses to mix the two on one inode.
+#[derive(Default)]
+struct PassState {
+    /// Inode → (ETag, backing file registration) while a passthrough handle is open.
+    backings: HashMap<u64, (String, std::sync::Weak<BackingId>)>,
+    /// Inode → read handles open in the kernel's cached (page cache) mode.
+    cached: HashMap<u64, usize>,
+}
+
+/// What `do_open` decided; `open` sends it.
+enum Opened {
+    Plain(u64, FopenFlags),
+    Passthrough(u64, FopenFlags, Arc<BackingId>),
 }
 
 struct OpenDir {
@@ -118,6 +147,13 @@ pub struct S3Fs {
     exact_probes: AtomicBool,
     notifier: Arc<OnceLock<Notifier>>,
     mount_time: SystemTime,
+    /// The local disk cache (`--cache-dir`).
+    disk: Option<Arc<DiskCache>>,
+    /// Passthrough asked for (`--cache-dir` without `--no-passthrough`), and granted by the
+    /// kernel at init (cleared if registering a backing file fails).
+    passthrough_wanted: bool,
+    passthrough: AtomicBool,
+    pass: Mutex<PassState>,
 }
 
 type FsResult<T> = Result<T, Errno>;
@@ -164,6 +200,88 @@ impl S3Fs {
             notifier,
             mount_time: SystemTime::now(),
             cfg,
+            disk: None,
+            passthrough_wanted: false,
+            passthrough: AtomicBool::new(false),
+            pass: Mutex::new(PassState::default()),
+        }
+    }
+
+    /// Serve and fill the disk cache; `passthrough`: let the kernel read cached files itself.
+    pub fn set_disk_cache(&mut self, disk: Arc<DiskCache>, passthrough: bool) {
+        self.disk = Some(disk);
+        self.passthrough_wanted = passthrough;
+    }
+
+    fn lock_pass(&self) -> std::sync::MutexGuard<'_, PassState> {
+        self.pass.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The backing registration for a passthrough open of `ino` at `etag`: the one already
+    /// open for the inode (the kernel wants one per inode), or a new one. None when the kernel
+    /// cannot take it now (the inode is open in cached mode, or by another version).
+    fn backing_for(
+        &self,
+        ino: u64,
+        etag: &str,
+        cached: &CachedFile,
+        reply: &ReplyOpen,
+    ) -> Option<Arc<BackingId>> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut pass = self.lock_pass();
+        if pass.cached.get(&ino).copied().unwrap_or(0) > 0 {
+            return None;
+        }
+        if let Some((e, weak)) = pass.backings.get(&ino) {
+            if let Some(b) = weak.upgrade() {
+                return (e == etag).then_some(b);
+            }
+        }
+        match reply.open_backing(&cached.file) {
+            Ok(id) => {
+                let b = Arc::new(id);
+                pass.backings
+                    .insert(ino, (etag.to_string(), Arc::downgrade(&b)));
+                Some(b)
+            }
+            Err(e) => {
+                if self.passthrough.swap(false, Ordering::Relaxed) {
+                    warn!(error = %e, "FUSE passthrough is not available (it needs Linux 6.9+ and CAP_SYS_ADMIN); files in the disk cache are served by the daemon instead");
+                }
+                None
+            }
+        }
+    }
+
+    /// Open flags for a read handle that the kernel serves from its page cache (or not: an
+    /// inode being served by passthrough takes only direct I/O opens).
+    fn read_open_flags(&self, ino: u64, keep_cache: bool) -> (FopenFlags, bool) {
+        let mut pass = self.lock_pass();
+        let passthrough_live = pass
+            .backings
+            .get(&ino)
+            .is_some_and(|(_, w)| w.strong_count() > 0);
+        if self.cfg.direct_io || passthrough_live {
+            return (FopenFlags::FOPEN_DIRECT_IO, false);
+        }
+        *pass.cached.entry(ino).or_insert(0) += 1;
+        let flags = if keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        (flags, true)
+    }
+
+    fn release_cached_mode(&self, ino: u64) {
+        let mut pass = self.lock_pass();
+        if let Some(n) = pass.cached.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                pass.cached.remove(&ino);
+            }
         }
     }
 
@@ -398,13 +516,21 @@ impl S3Fs {
         }
     }
 
-    fn do_open(&self, ino: u64, flags: OpenFlags, pid: u32) -> FsResult<(u64, FopenFlags)> {
+    fn do_open(
+        &self,
+        ino: u64,
+        flags: OpenFlags,
+        pid: u32,
+        reply: Option<&ReplyOpen>,
+    ) -> FsResult<Opened> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind == Kind::Dir {
             return Err(Errno::EISDIR);
         }
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
-            return self.open_for_write(&inode, flags, pid);
+            return self
+                .open_for_write(&inode, flags, pid)
+                .map(|(fh, fl)| Opened::Plain(fh, fl));
         }
         if self.writing(ino).is_some() {
             warn!(key = %inode.key, "file is being written in this mount; it can be read once it is closed");
@@ -439,6 +565,36 @@ impl S3Fs {
         }
         // Keep the kernel's pages only if they are of this very version.
         let keep_cache = previous.is_some() && !changed;
+        if let Some(cached) = self
+            .disk
+            .as_ref()
+            .and_then(|d| d.lookup(&inode.key, &stat.etag, stat.size))
+        {
+            let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+            let backing = reply.and_then(|r| self.backing_for(ino, &stat.etag, &cached, r));
+            let (flags, cached_mode) = match &backing {
+                Some(_) => (FopenFlags::empty(), false),
+                None => self.read_open_flags(ino, keep_cache),
+            };
+            let file = DiskFile {
+                key: inode.key.to_string(),
+                etag: stat.etag.to_string(),
+                cached,
+                backing: backing.clone(),
+                cached_mode,
+            };
+            self.lock_files()
+                .insert(fh, Arc::new(OpenFile::Disk(ino, file)));
+            return Ok(match backing {
+                Some(b) => {
+                    if let Some(d) = &self.disk {
+                        d.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Opened::Passthrough(fh, flags, b)
+                }
+                None => Opened::Plain(fh, flags),
+            });
+        }
         let reader = ObjectReader::new(
             self.cache.clone(),
             self.s3.clone(),
@@ -447,25 +603,26 @@ impl S3Fs {
             &stat.etag,
             stat.size,
             self.cfg.read,
-        );
+        )
+        .with_disk_cache(self.disk.clone());
+        let (flags, cached_mode) = self.read_open_flags(ino, keep_cache);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.lock_files()
-            .insert(fh, Arc::new(OpenFile::Read(ino, reader)));
-        let flags = if self.cfg.direct_io {
-            FopenFlags::FOPEN_DIRECT_IO
-        } else if keep_cache {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        };
-        Ok((fh, flags))
+        self.lock_files().insert(
+            fh,
+            Arc::new(OpenFile::Read(ino, reader.with_cached_mode(cached_mode))),
+        );
+        Ok(Opened::Plain(fh, flags))
     }
 
     fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
-        let OpenFile::Read(_, reader) = &*file else {
-            warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
-            return Err(Errno::EOPNOTSUPP);
+        let reader = match &*file {
+            OpenFile::Read(_, reader) => reader,
+            OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
+            OpenFile::Write(..) => {
+                warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
+                return Err(Errno::EOPNOTSUPP);
+            }
         };
         self.rt
             .block_on(reader.read(offset, size))
@@ -578,8 +735,9 @@ impl S3Fs {
             .unwrap_or_default();
         let files = self.lock_files().len();
         let writing = self.writing.lock().map(|w| w.len()).unwrap_or(0);
+        let disk = self.disk.as_ref().map(|d| d.summary()).unwrap_or_default();
         format!(
-            "{} {} {writes} {} open_files={files} files_being_written={writing}",
+            "{} {} {writes} {disk} {} open_files={files} files_being_written={writing}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
             crate::stats::rdma_live_summary(),
@@ -613,6 +771,45 @@ impl S3Fs {
     }
 }
 
+impl S3Fs {
+    /// Whether the file's current version (as last seen) is in the disk cache.
+    fn is_disk_cached(&self, ino: u64) -> Option<bool> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind == Kind::Dir {
+            return Some(false);
+        }
+        let stat = match inode.recently_asked(Instant::now(), self.cfg.metadata_ttl) {
+            Some(stat) => stat,
+            None => {
+                let info = self.rt.block_on(self.s3.head(&inode.key)).ok()?;
+                Stat::from(&info)
+            }
+        };
+        let disk = self.disk.as_ref()?;
+        Some(stat.size == 0 || disk.contains(&inode.key, &stat.etag))
+    }
+}
+
+impl S3Fs {
+    /// A read of a file open from the disk cache (when the kernel does not read it itself). A
+    /// local read error is no read error: the bytes come from S3 instead (same ETag).
+    fn read_cached(&self, d: &DiskFile, offset: u64, size: u32) -> FsResult<ReadData> {
+        use std::os::unix::fs::FileExt;
+        let end = d.cached.size.min(offset.saturating_add(size as u64));
+        if offset >= end {
+            return Ok(ReadData::Owned(Vec::new()));
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        if let Err(e) = d.cached.file.read_exact_at(&mut buf, offset) {
+            warn!(key = %d.key, error = %e, "reading the disk cache failed; reading from S3");
+            self.rt
+                .block_on(self.s3.get_range_into(&d.key, &d.etag, offset, &mut buf))
+                .map_err(|e| self.fail("read", &crate::read::pinned_gone(e)))?;
+        }
+        Ok(ReadData::Owned(buf))
+    }
+}
+
 impl fuser::Filesystem for S3Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // ATOMIC_O_TRUNC: open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN + SETATTR.
@@ -626,6 +823,16 @@ impl fuser::Filesystem for S3Fs {
         let _ = config.set_congestion_threshold(48);
         if let Err(max) = config.set_max_readahead(1 << 20) {
             let _ = config.set_max_readahead(max);
+        }
+        if self.disk.is_some() && self.passthrough_wanted {
+            // The kernel serves files of the disk cache itself: one level of stacking.
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) if config.set_max_stack_depth(1).is_ok() => {
+                    self.passthrough.store(true, Ordering::Relaxed);
+                    info!("FUSE passthrough on: files in the disk cache are read by the kernel directly");
+                }
+                _ => info!("the kernel does not offer FUSE passthrough (Linux 6.9+); files in the disk cache are served by the daemon"),
+            }
         }
         info!(bucket = self.s3.bucket(), "filesystem initialised");
         Ok(())
@@ -678,8 +885,11 @@ impl fuser::Filesystem for S3Fs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = debug_span!("fuse", op = "open", ino = ino.0).entered();
-        match self.do_open(ino.0, flags, req.pid()) {
-            Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
+        match self.do_open(ino.0, flags, req.pid(), Some(&reply)) {
+            Ok(Opened::Plain(fh, fl)) => reply.opened(FileHandle(fh), fl),
+            Ok(Opened::Passthrough(fh, fl, backing)) => {
+                reply.opened_passthrough(FileHandle(fh), fl, &backing)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -737,7 +947,23 @@ impl fuser::Filesystem for S3Fs {
     ) {
         let file = self.lock_files().remove(&fh.0);
         match file.as_deref() {
-            Some(OpenFile::Read(ino, reader)) => debug!(ino, key = reader.key(), "released"),
+            Some(OpenFile::Read(ino, reader)) => {
+                if reader.cached_mode() {
+                    self.release_cached_mode(*ino);
+                }
+                debug!(ino, key = reader.key(), "released");
+            }
+            Some(OpenFile::Disk(ino, d)) => {
+                if d.cached_mode {
+                    self.release_cached_mode(*ino);
+                }
+                debug!(
+                    ino,
+                    key = d.key,
+                    passthrough = d.backing.is_some(),
+                    "released"
+                );
+            }
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
             None => {}
         }
@@ -997,12 +1223,18 @@ impl fuser::Filesystem for S3Fs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        // Only the root's counters; anything else is unsupported (EOPNOTSUPP, not ENOSYS,
-        // which would make the kernel stop asking for good).
-        if ino.0 != ROOT_INO || name != STATS_XATTR {
+        // The root's counters, and whether a file is in the disk cache; anything else is
+        // unsupported (EOPNOTSUPP, not ENOSYS, which would make the kernel stop asking).
+        let text = if ino.0 == ROOT_INO && name == STATS_XATTR {
+            self.stats_text()
+        } else if name == crate::warm::CACHED_XATTR && self.disk.is_some() {
+            match self.is_disk_cached(ino.0) {
+                Some(yes) => String::from(if yes { "1" } else { "0" }),
+                None => return reply.error(Errno::ENOENT),
+            }
+        } else {
             return reply.error(Errno::EOPNOTSUPP);
-        }
-        let text = self.stats_text();
+        };
         if size == 0 {
             reply.size(text.len() as u32);
         } else if text.len() > size as usize {

@@ -279,7 +279,7 @@ impl S3Fs {
         };
         match &*file {
             OpenFile::Write(ino, w) => self.commit(*ino, w),
-            OpenFile::Read(..) => Ok(()),
+            OpenFile::Read(..) | OpenFile::Disk(..) => Ok(()),
         }
     }
 

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
 use crate::cache::{Access, BlockKey, BlockRef, Cache};
+use crate::diskcache::DiskCache;
 use crate::s3::{S3Client, S3Error, S3ErrorKind};
 
 /// Read-ahead tuning.
@@ -62,6 +63,10 @@ pub struct ObjectReader {
     size: u64,
     max_window: u64,
     state: Mutex<State>,
+    /// Blocks read from S3 are offered to the disk cache.
+    disk: Option<Arc<DiskCache>>,
+    /// The handle is open in the kernel's cached mode (see fs::PassState).
+    cached_mode: bool,
 }
 
 impl ObjectReader {
@@ -84,7 +89,23 @@ impl ObjectReader {
             etag: etag.into(),
             size,
             state: Mutex::new(State::default()),
+            disk: None,
+            cached_mode: false,
         }
+    }
+
+    pub fn with_disk_cache(mut self, disk: Option<Arc<DiskCache>>) -> Self {
+        self.disk = disk;
+        self
+    }
+
+    pub fn with_cached_mode(mut self, cached_mode: bool) -> Self {
+        self.cached_mode = cached_mode;
+        self
+    }
+
+    pub fn cached_mode(&self) -> bool {
+        self.cached_mode
     }
 
     pub fn key(&self) -> &str {
@@ -195,7 +216,12 @@ impl ObjectReader {
     async fn block(&self, index: u64, access: Access) -> Result<BlockRef, S3Error> {
         let key = self.block_key(index);
         match self.cache.get(&key, self.block_len(index), access).await? {
-            Some(b) => Ok(b),
+            Some(b) => {
+                if let Some(d) = &self.disk {
+                    d.offer(&self.key, &self.etag, self.size, index, b.data());
+                }
+                Ok(b)
+            }
             None => Err(S3Error::new(
                 S3ErrorKind::Other,
                 "GetObject",
@@ -209,11 +235,20 @@ impl ObjectReader {
         let cache = self.cache.clone();
         let key = self.block_key(index);
         let len = self.block_len(index);
+        let (disk, size) = (self.disk.clone(), self.size);
         // Read-ahead is best effort: it never waits for room, and a failure is left for the
         // reader to meet (and report) when it gets there.
         self.rt.spawn(async move {
-            if let Err(e) = cache.get(&key, len, Access::Prefetch).await {
-                tracing::debug!(key = %key.key, block = key.index, error = %e, "read-ahead failed");
+            match cache.get(&key, len, Access::Prefetch).await {
+                Ok(Some(b)) => {
+                    if let Some(d) = &disk {
+                        d.offer(&key.key, &key.etag, size, key.index, b.data());
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(key = %key.key, block = key.index, error = %e, "read-ahead failed")
+                }
             }
         });
     }

@@ -3,6 +3,7 @@
 
 mod cache;
 mod common;
+mod diskcache;
 mod faults;
 mod lifecycle;
 mod namespace;

@@ -1,0 +1,546 @@
+//! The local disk cache (`--cache-dir`): whole objects, written as their blocks pass through
+//! the registered memory cache, keyed by bucket, key and ETag, each with the CRC-64/NVME of
+//! every block kept beside it. An object fully present with the ETag an `open` pinned is served
+//! from its file — by the kernel itself (FUSE passthrough) where it can, else by `pread`.
+//!
+//! Layout under DIR: `s3rdma-cache-v1/lock` (flock: one mount per directory), and per object
+//! `XX/NAME.data` (the bytes), `XX/NAME.meta` (bucket, key, ETag, size, block size, block CRCs),
+//! `XX/NAME.part` while it is being filled. NAME is two CRC-64s of (bucket, key, ETag); the meta
+//! file is compared in full, so a collision is a miss, never wrong bytes.
+//!
+//! - Filling never slows a read: blocks are copied to a writer thread through a bounded queue
+//!   (a full queue drops the offer; that object is simply not cached this time).
+//! - LRU eviction keeps the files (complete and being filled) within `--cache-dir-size`.
+//! - Remount: entries found at start are trusted only after their blocks' CRCs are checked
+//!   again, at their first use (an `open` that pinned the same ETag, asked of S3 at that open);
+//!   a mismatch drops the entry (logged, counted) and the object is read from S3.
+//! - A full disk (ENOSPC/EDQUOT): the cache shrinks to 90 % of what it holds; after three
+//!   failures in a row, or below 64 MiB, it turns itself off with a warning. Reads never fail
+//!   because of the disk cache.
+
+mod store;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use tracing::{info, warn};
+
+use store::Meta;
+
+/// Bytes of blocks waiting for the writer thread, at most.
+const MAX_QUEUED: u64 = 256 << 20;
+/// Objects being filled at once, at most (the oldest is dropped for a new one).
+const MAX_PARTIALS: usize = 512;
+/// Below this the cache turns itself off rather than shrink further.
+const MIN_LIMIT: u64 = 64 << 20;
+
+/// The default `--cache-dir-size`: half of the space free on DIR's file system now.
+pub fn default_size(dir: &Path) -> u64 {
+    let probe = if dir.exists() {
+        dir.to_path_buf()
+    } else {
+        dir.parent().unwrap_or(Path::new("/")).to_path_buf()
+    };
+    store::available(&probe).unwrap_or(0) / 2
+}
+
+/// Counters, readable by the user.
+#[derive(Debug, Default)]
+pub struct DiskStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stored: AtomicU64,
+    pub evicted: AtomicU64,
+    pub corrupt: AtomicU64,
+    pub dropped: AtomicU64,
+    pub errors: AtomicU64,
+    pub passthrough_opens: AtomicU64,
+}
+
+struct Entry {
+    meta: Meta,
+    last_use: u64,
+    /// CRCs checked against the file since this mount started (or written by it).
+    verified: bool,
+}
+
+struct Partial {
+    meta: Meta,
+    file: Arc<File>,
+    have: Vec<bool>,
+    queued: Vec<bool>,
+    missing: usize,
+    born: u64,
+}
+
+struct State {
+    limit: u64,
+    used: u64,
+    entries: HashMap<String, Entry>,
+    partials: HashMap<String, Partial>,
+    clock: u64,
+    failures: u32,
+}
+
+enum Job {
+    Write {
+        name: String,
+        index: u64,
+        data: Vec<u8>,
+    },
+}
+
+pub struct DiskCache {
+    root: PathBuf,
+    bucket: String,
+    block_size: u64,
+    state: Mutex<State>,
+    tx: Mutex<Option<SyncSender<Job>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    queued: AtomicU64,
+    enabled: AtomicBool,
+    pub stats: DiskStats,
+    _lock: File,
+}
+
+/// A cached object, opened for reading.
+pub struct CachedFile {
+    pub file: File,
+    pub size: u64,
+}
+
+impl DiskCache {
+    /// Open (or create) the cache under `dir` for `bucket`, holding at most `limit` bytes (less
+    /// if the file system has less room). Entries from earlier mounts are kept, to be checked
+    /// at first use; files being filled when they ended are removed.
+    pub fn open(
+        dir: &Path,
+        limit: u64,
+        bucket: &str,
+        block_size: u64,
+    ) -> Result<Arc<DiskCache>, String> {
+        let root = dir.join("s3rdma-cache-v1");
+        std::fs::create_dir_all(&root).map_err(|e| {
+            format!(
+                "cannot create the cache directory {}: {e}; give a writable --cache-dir",
+                root.display()
+            )
+        })?;
+        let lock = store::lock_dir(&root)?;
+        let (found, used) = store::scan(&root);
+        let avail = store::available(&root).unwrap_or(u64::MAX);
+        let room = used.saturating_add(avail / 100 * 95);
+        let mut limit_now = limit;
+        if room < limit {
+            warn!(
+                requested = limit,
+                usable = room,
+                dir = %dir.display(),
+                "the cache directory's file system has less room than --cache-dir-size; the disk cache is limited to what fits"
+            );
+            limit_now = room;
+        }
+        let mut entries = HashMap::new();
+        for (name, meta) in found {
+            entries.insert(
+                name,
+                Entry {
+                    meta,
+                    last_use: 0,
+                    verified: false,
+                },
+            );
+        }
+        info!(dir = %root.display(), entries = entries.len(), bytes = used, limit = limit_now, "disk cache opened");
+        let cache = Arc::new(DiskCache {
+            root,
+            bucket: bucket.to_string(),
+            block_size,
+            state: Mutex::new(State {
+                limit: limit_now,
+                used,
+                entries,
+                partials: HashMap::new(),
+                clock: 1,
+                failures: 0,
+            }),
+            tx: Mutex::new(None),
+            writer: Mutex::new(None),
+            queued: AtomicU64::new(0),
+            enabled: AtomicBool::new(limit_now >= MIN_LIMIT),
+            stats: DiskStats::default(),
+            _lock: lock,
+        });
+        if !cache.enabled.load(Ordering::Relaxed) {
+            warn!(
+                limit = limit_now,
+                "the disk cache has less than 64 MiB to use; it stays off"
+            );
+        }
+        {
+            let mut st = cache.lock();
+            let limit = st.limit;
+            st.evict_to(limit, &cache);
+        }
+        let (tx, rx) = sync_channel::<Job>(1024);
+        let weak = Arc::downgrade(&cache);
+        let handle = std::thread::Builder::new()
+            .name("s3rdma-diskcache".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let Some(c) = weak.upgrade() else { break };
+                    c.run(job);
+                }
+            })
+            .map_err(|e| format!("cannot start the disk cache writer: {e}"))?;
+        *cache.tx.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        *cache.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(cache)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn name(&self, key: &str, etag: &str) -> String {
+        store::entry_name(&self.bucket, key, etag)
+    }
+
+    fn path(&self, name: &str, ext: &str) -> PathBuf {
+        store::entry_path(&self.root, name, ext)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Whether the object (this version) is complete in the cache.
+    pub fn contains(&self, key: &str, etag: &str) -> bool {
+        let name = self.name(key, etag);
+        self.lock()
+            .entries
+            .get(&name)
+            .is_some_and(|e| e.meta.is(&self.bucket, key, etag))
+    }
+
+    /// The object's file, if it is complete in the cache with this ETag and size. An entry
+    /// from an earlier mount is checked block by block first; a bad one is dropped.
+    pub fn lookup(&self, key: &str, etag: &str, size: u64) -> Option<CachedFile> {
+        if !self.enabled() || size == 0 {
+            return None;
+        }
+        let name = self.name(key, etag);
+        let verified = {
+            let mut st = self.lock();
+            st.clock += 1;
+            let clock = st.clock;
+            match st.entries.get_mut(&name) {
+                Some(e) if e.meta.is(&self.bucket, key, etag) && e.meta.size == size => {
+                    e.last_use = clock;
+                    e.verified
+                }
+                _ => {
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        };
+        let path = self.path(&name, "data");
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(key, error = %e, "a disk cache entry cannot be opened; dropping it");
+                self.drop_entry(&name);
+                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        if !verified {
+            let meta = match self.lock().entries.get(&name) {
+                Some(e) => e.meta.clone(),
+                None => return None,
+            };
+            if let Err(why) = store::verify(&file, &meta) {
+                warn!(
+                    key,
+                    etag, "disk cache entry is corrupt ({why}); dropping it and reading from S3"
+                );
+                self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
+                self.drop_entry(&name);
+                return None;
+            }
+            if let Some(e) = self.lock().entries.get_mut(&name) {
+                e.verified = true;
+            }
+        }
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        Some(CachedFile { file, size })
+    }
+
+    fn drop_entry(&self, name: &str) {
+        let mut st = self.lock();
+        if let Some(e) = st.entries.remove(name) {
+            st.used = st.used.saturating_sub(e.meta.size);
+            store::remove(&self.root, name);
+        }
+    }
+
+    /// Block `index` of object `key` (version `etag`, `size` bytes) has been read from S3:
+    /// keep a copy, if the cache wants the object and the writer is keeping up.
+    pub fn offer(&self, key: &str, etag: &str, size: u64, index: u64, data: &[u8]) {
+        if !self.enabled() || size == 0 || etag.is_empty() {
+            return;
+        }
+        let blocks = size.div_ceil(self.block_size) as usize;
+        if index as usize >= blocks
+            || data.len() as u64 != self.block_size.min(size - index * self.block_size)
+        {
+            return;
+        }
+        let name = self.name(key, etag);
+        {
+            let mut st = self.lock();
+            if st.entries.contains_key(&name) {
+                return;
+            }
+            if !st.partials.contains_key(&name) {
+                if size > st.limit / 2 {
+                    return;
+                }
+                if st.partials.len() >= MAX_PARTIALS {
+                    st.drop_oldest_partial(self);
+                }
+                let target = st.limit.saturating_sub(size);
+                if !st.evict_to(target, self) {
+                    return;
+                }
+                let file = match store::create_part(&self.root, &name, size) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        drop(st);
+                        self.failed(&name, &e);
+                        return;
+                    }
+                };
+                st.used += size;
+                st.clock += 1;
+                let born = st.clock;
+                st.partials.insert(
+                    name.clone(),
+                    Partial {
+                        meta: Meta::new(&self.bucket, key, etag, size, self.block_size),
+                        file: Arc::new(file),
+                        have: vec![false; blocks],
+                        queued: vec![false; blocks],
+                        missing: blocks,
+                        born,
+                    },
+                );
+            }
+            let Some(p) = st.partials.get_mut(&name) else {
+                return;
+            };
+            if p.have[index as usize] || p.queued[index as usize] {
+                return;
+            }
+            let len = data.len() as u64;
+            if self.queued.load(Ordering::Relaxed) + len > MAX_QUEUED {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            p.queued[index as usize] = true;
+            self.queued.fetch_add(len, Ordering::Relaxed);
+        }
+        let job = Job::Write {
+            name,
+            index,
+            data: data.to_vec(),
+        };
+        let sent = match &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(tx) => tx.try_send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            self.queued.fetch_sub(data.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The writer thread: one block into its object's file; the object is complete when its
+    /// last block is written.
+    fn run(&self, job: Job) {
+        let Job::Write { name, index, data } = job;
+        self.queued.fetch_sub(data.len() as u64, Ordering::Relaxed);
+        let file = match self.lock().partials.get(&name) {
+            Some(p) => p.file.clone(),
+            None => return,
+        };
+        if let Err(e) = store::write_block(&file, index * self.block_size, &data) {
+            self.failed(&name, &e);
+            return;
+        }
+        let crc = crate::rdma::checksum::crc64nvme(&data);
+        let done = {
+            let mut st = self.lock();
+            let Some(p) = st.partials.get_mut(&name) else {
+                return;
+            };
+            let i = index as usize;
+            if !p.have[i] {
+                p.have[i] = true;
+                p.meta.crcs[i] = crc;
+                p.missing -= 1;
+            }
+            p.missing == 0
+        };
+        if done {
+            self.finish(&name);
+        }
+    }
+
+    /// Every block is written: make the entry visible. Done under the lock, so that no offer
+    /// starts the same object again while its files are being renamed.
+    fn finish(&self, name: &str) {
+        let mut st = self.lock();
+        let Some(p) = st.partials.remove(name) else {
+            return;
+        };
+        match store::commit(&self.root, name, &p.meta) {
+            Ok(()) => {
+                st.clock += 1;
+                let clock = st.clock;
+                st.failures = 0;
+                st.entries.insert(
+                    name.to_string(),
+                    Entry {
+                        meta: p.meta,
+                        last_use: clock,
+                        verified: true,
+                    },
+                );
+                self.stats.stored.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                st.used = st.used.saturating_sub(p.meta.size);
+                store::remove(&self.root, name);
+                drop(st);
+                self.failed(name, &e);
+            }
+        }
+    }
+
+    /// Writing `name` failed: drop it; on a full disk shrink the cache, and turn it off when
+    /// that keeps happening.
+    fn failed(&self, name: &str, e: &std::io::Error) {
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        let full = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
+        let mut st = self.lock();
+        if let Some(p) = st.partials.remove(name) {
+            st.used = st.used.saturating_sub(p.meta.size);
+            store::remove_unfinished(&self.root, name);
+        }
+        st.failures += 1;
+        if full {
+            let limit = st.used / 10 * 9;
+            warn!(error = %e, from = st.limit, to = limit, "the disk cache's file system is full; shrinking the cache");
+            st.limit = limit;
+            st.evict_to(limit, self);
+        } else {
+            warn!(error = %e, "cannot write to the disk cache; this object is not cached");
+        }
+        if st.failures >= 3 || st.limit < MIN_LIMIT {
+            if self.enabled.swap(false, Ordering::Relaxed) {
+                warn!(failures = st.failures, limit = st.limit, "the disk cache keeps failing; it is turned off for this mount (reads go on from S3)");
+            }
+            let names: Vec<String> = st.partials.keys().cloned().collect();
+            for n in names {
+                if let Some(p) = st.partials.remove(&n) {
+                    st.used = st.used.saturating_sub(p.meta.size);
+                    store::remove_unfinished(&self.root, &n);
+                }
+            }
+        }
+    }
+
+    /// One line of counters.
+    pub fn summary(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        let (entries, used, limit) = {
+            let st = self.lock();
+            (st.entries.len(), st.used, st.limit)
+        };
+        format!(
+            "disk_cache_hits={} disk_cache_misses={} disk_cache_stored={} disk_cache_evicted={} disk_cache_corrupt={} disk_cache_dropped={} disk_cache_errors={} disk_cache_entries={} disk_cache_bytes={} disk_cache_limit={} disk_cache_enabled={} passthrough_opens={}",
+            g(&s.hits),
+            g(&s.misses),
+            g(&s.stored),
+            g(&s.evicted),
+            g(&s.corrupt),
+            g(&s.dropped),
+            g(&s.errors),
+            entries,
+            used,
+            limit,
+            u8::from(self.enabled()),
+            g(&s.passthrough_opens),
+        )
+    }
+
+    /// Stop the writer (blocks already queued are written) and remove unfinished files.
+    pub fn close(&self) {
+        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(h) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+        let mut st = self.lock();
+        let names: Vec<String> = st.partials.keys().cloned().collect();
+        for n in names {
+            if let Some(p) = st.partials.remove(&n) {
+                st.used = st.used.saturating_sub(p.meta.size);
+                store::remove_unfinished(&self.root, &n);
+            }
+        }
+    }
+}
+
+impl State {
+    /// Evict least recently used entries until `used <= target`; false if that is impossible
+    /// (what is left is being filled).
+    fn evict_to(&mut self, target: u64, cache: &DiskCache) -> bool {
+        while self.used > target {
+            let Some(victim) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.last_use)
+                .map(|(n, _)| n.clone())
+            else {
+                return false;
+            };
+            if let Some(e) = self.entries.remove(&victim) {
+                self.used = self.used.saturating_sub(e.meta.size);
+                store::remove(&cache.root, &victim);
+                cache.stats.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        true
+    }
+
+    fn drop_oldest_partial(&mut self, cache: &DiskCache) {
+        let oldest = self
+            .partials
+            .iter()
+            .min_by_key(|(_, p)| p.born)
+            .map(|(n, _)| n.clone());
+        if let Some(n) = oldest {
+            if let Some(p) = self.partials.remove(&n) {
+                self.used = self.used.saturating_sub(p.meta.size);
+                store::remove_unfinished(&cache.root, &n);
+            }
+        }
+    }
+}
