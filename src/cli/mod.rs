@@ -162,6 +162,12 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
     pub metadata_ttl: Option<Duration>,
 
+    /// Let `open` use attributes younger than --metadata-ttl (from a lookup or a listing)
+    /// instead of asking S3 for the current version: for data that does not change while
+    /// mounted (with --cache-dir and a long TTL, an epoch over cached files sends no request)
+    #[arg(long, help_heading = "Caching and reads")]
+    pub open_trusts_metadata: bool,
+
     /// How long a name found missing is remembered [default: the metadata TTL]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
     pub negative_metadata_ttl: Option<Duration>,
@@ -359,6 +365,7 @@ impl Cli {
             "max_inflight_reads" => self.max_inflight_reads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
             "read_ahead_kb" => self.read_ahead_kb = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "direct_io" => self.direct_io = flag(value)?,
+            "open_trusts_metadata" => self.open_trusts_metadata = flag(value)?,
             "cache_dir" => self.cache_dir = Some(PathBuf::from(need(value)?)),
             "cache_dir_size" => {
                 self.cache_dir_size = Some(with_key(key, parse_size(&need(value)?))?)
@@ -668,6 +675,7 @@ impl Settings {
                 file_metadata: !cli.no_file_metadata,
                 dir_markers: cli.dir_markers,
                 multipart_copy_threshold,
+                open_trusts_metadata: cli.open_trusts_metadata,
             },
             bucket,
             prefix,

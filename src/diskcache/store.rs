@@ -213,7 +213,8 @@ pub fn available(root: &Path) -> Option<u64> {
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
-/// A new `.part` file of `size` bytes (sparse; blocks are written into it).
+/// A new `.part` file of `size` bytes, allocated up front (blocks arrive in any order: the
+/// file still lies contiguous on disk, and a full disk is found here, before any block).
 pub fn create_part(root: &Path, name: &str, size: u64) -> std::io::Result<File> {
     let path = entry_path(root, name, "part");
     if let Some(dir) = path.parent() {
@@ -225,7 +226,18 @@ pub fn create_part(root: &Path, name: &str, size: u64) -> std::io::Result<File> 
         .read(true)
         .write(true)
         .open(&path)?;
-    f.set_len(size)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on an fd we own.
+    let r = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, size as libc::off_t) };
+    match r {
+        0 => {}
+        libc::EOPNOTSUPP | libc::EINVAL => f.set_len(size)?,
+        e => {
+            drop(f);
+            let _ = std::fs::remove_file(&path);
+            return Err(std::io::Error::from_raw_os_error(e));
+        }
+    }
     Ok(f)
 }
 

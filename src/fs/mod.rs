@@ -59,6 +59,9 @@ pub struct FsConfig {
     pub dir_markers: bool,
     /// Objects above this size are copied (rename, attribute changes) with UploadPartCopy.
     pub multipart_copy_threshold: u64,
+    /// `open` uses attributes younger than `metadata_ttl` (from a lookup or a listing) instead
+    /// of asking S3 again: for data that does not change while mounted.
+    pub open_trusts_metadata: bool,
 }
 
 /// How old an answer about the key (lookup or HeadObject) may be for `open` to use it instead
@@ -540,7 +543,12 @@ impl S3Fs {
         // kernel's lookup right before this open may already have asked: an answer younger
         // than OPEN_REVALIDATE_WINDOW is that same question (a listing is not: it may be old).
         let now = Instant::now();
-        let stat = match inode.recently_asked(now, OPEN_REVALIDATE_WINDOW) {
+        let trusted = if self.cfg.open_trusts_metadata {
+            inode.fresh_stat(now).filter(|s| !s.etag.is_empty())
+        } else {
+            None
+        };
+        let stat = match trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
             Some(stat) => stat,
             None => {
                 let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
