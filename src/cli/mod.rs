@@ -164,7 +164,8 @@ pub struct Cli {
 
     /// Let `open` use attributes younger than --metadata-ttl (from a lookup or a listing)
     /// instead of asking S3 for the current version: for data that does not change while
-    /// mounted (with --cache-dir and a long TTL, an epoch over cached files sends no request)
+    /// mounted (with --cache-dir and a long TTL, an epoch over cached files sends no request
+    /// per file)
     #[arg(long, help_heading = "Caching and reads")]
     pub open_trusts_metadata: bool,
 

@@ -268,7 +268,10 @@ impl S3Fs {
             .get(&ino)
             .is_some_and(|(_, w)| w.strong_count() > 0);
         if self.cfg.direct_io || passthrough_live {
-            return (FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH, false);
+            return (
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+                false,
+            );
         }
         *pass.cached.entry(ino).or_insert(0) += 1;
         let flags = if keep_cache {
