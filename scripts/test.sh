@@ -13,6 +13,8 @@ cargo clippy --workspace --release --all-targets --locked -- -D warnings
 echo "== fuzz the parsers of outside input (scripts/fuzz: libFuzzer, 20 s per target)"
 scripts/fuzz 20
 echo "== benchmark smoke run (scripts/bench --quick: keeps the suite working; numbers not asserted)"
-scripts/bench --quick --out "$(mktemp -d /tmp/s3rdma-bench-quick.XXXXXX)/quick.md"
+quick=$(mktemp -d /tmp/s3rdma-bench-quick.XXXXXX)
+scripts/bench --quick --out "$quick/quick.md"
+rm -rf "$quick"
 echo "== cargo test"
 cargo test --workspace --release --locked

@@ -322,6 +322,16 @@ fn cache_above_memlock_or_ram() {
         log_arg,
     ];
     let (c, e) = run_to_end(with_small_memlock(&args), LIMIT);
+    // Unmounted however the checks below end (the daemon goes with its mount).
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.0) {
+                let _ = std::process::Command::new("umount").arg(self.0).status();
+            }
+        }
+    }
+    let _guard = Unmount(&mnt);
     assert_eq!(c, 0, "{e}");
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
