@@ -491,6 +491,21 @@ fn write_sizes(part: Option<u64>, pool: Option<u64>) -> Result<(u64, u64), Strin
     Ok((part, pool / part * part))
 }
 
+/// `value` (or `default`) if within `lo..=hi`, else an error naming the option and its range.
+fn in_range<T>(what: &str, value: Option<T>, default: T, lo: T, hi: T) -> Result<T, String>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    let v = value.unwrap_or(default);
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{what} {v} is out of range; use {lo} to {hi} (default {default})"
+        ))
+    }
+}
+
 /// Parse `BUCKET`, `BUCKET:PREFIX` or `s3://BUCKET/PREFIX` into (bucket, raw prefix).
 pub fn parse_source(source: &str) -> Result<(String, String), String> {
     let (bucket, prefix) = if let Some(rest) = source.strip_prefix("s3://") {
@@ -541,24 +556,14 @@ impl Settings {
                 "cache size {cache_size} holds fewer than 2 read parts of {read_part_size} bytes; raise --cache-size or lower --read-part-size"
             ));
         }
-        let max_threads = cli.max_threads.unwrap_or(16);
-        if !(1..=1024).contains(&max_threads) {
-            return Err(format!(
-                "max threads {max_threads} is out of range; use 1 to 1024 (default 16)"
-            ));
-        }
+        let max_threads = in_range("max threads", cli.max_threads, 16, 1, 1024)?;
         let shutdown_grace = cli.shutdown_grace.unwrap_or(Duration::from_secs(30));
         if shutdown_grace > Duration::from_secs(24 * 3600) {
             return Err(format!(
                 "shutdown grace {shutdown_grace:?} is out of range; use 0s to 24h (default 30s)"
             ));
         }
-        let max_attempts = cli.max_attempts.unwrap_or(6);
-        if !(1..=100).contains(&max_attempts) {
-            return Err(format!(
-                "max attempts {max_attempts} is out of range; use 1 (no retry) to 100 (default 6)"
-            ));
-        }
+        let max_attempts = in_range("max attempts", cli.max_attempts, 6, 1, 100)?;
         let request_timeout = cli.request_timeout.unwrap_or(Duration::from_secs(30));
         if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&request_timeout) {
             return Err(format!(
@@ -572,18 +577,9 @@ impl Settings {
                 ));
             }
         }
-        let max_inflight_reads = cli.max_inflight_reads.unwrap_or(32);
-        if !(1..=1024).contains(&max_inflight_reads) {
-            return Err(format!(
-                "max inflight reads {max_inflight_reads} is out of range; use 1 to 1024 (default 32)"
-            ));
-        }
-        let read_ahead_kb = cli.read_ahead_kb.unwrap_or(1024);
-        if read_ahead_kb > 1 << 20 {
-            return Err(format!(
-                "read ahead {read_ahead_kb} KiB is out of range; use 0 to 1048576 (1 GiB; default 1024)"
-            ));
-        }
+        let max_inflight_reads =
+            in_range("max inflight reads", cli.max_inflight_reads, 32, 1, 1024)?;
+        let read_ahead_kb = in_range("read ahead (KiB)", cli.read_ahead_kb, 1024, 0, 1 << 20)?;
         let max_prefetch = cli.max_prefetch.unwrap_or((64 << 20).min(cache_size / 2));
         if max_prefetch > cache_size / 2 {
             return Err(format!(
@@ -630,12 +626,7 @@ impl Settings {
         }
         let (write_part_size, write_buffer_size) =
             write_sizes(cli.write_part_size, cli.write_buffer_size)?;
-        let upload_concurrency = cli.upload_concurrency.unwrap_or(8);
-        if !(1..=256).contains(&upload_concurrency) {
-            return Err(format!(
-                "upload concurrency {upload_concurrency} is out of range; use 1 to 256 (default 8)"
-            ));
-        }
+        let upload_concurrency = in_range("upload concurrency", cli.upload_concurrency, 8, 1, 256)?;
         let memory = ram();
         if cache_size.saturating_add(write_buffer_size) > memory {
             return Err(format!(

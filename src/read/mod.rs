@@ -217,7 +217,9 @@ impl ObjectReader {
         let key = self.block_key(index);
         match self.cache.get(&key, self.block_len(index), access).await? {
             Some(b) => {
-                if let Some(d) = &self.disk {
+                // Once per entry into a block: the reads that continue in it (a 1 MiB kernel
+                // read at a time) would only find it offered already.
+                if let (Some(d), false) = (&self.disk, access == Access::Continue) {
                     d.offer(&self.key, &self.etag, self.size, index, b.data());
                 }
                 Ok(b)

@@ -272,11 +272,7 @@ fn warm_fills_the_cache_ahead_of_the_first_epoch() {
     assert!(err.contains("22 files to read"), "{err}");
     assert!(err.contains("22 files now cached"), "{err}");
     for (k, _) in &files {
-        assert_eq!(
-            xattr(&m.join(k), "user.s3rdma.cached").as_deref(),
-            Some(&b"1"[..]),
-            "{k}"
-        );
+        assert_eq!(s3rdma::warm::is_cached(&m.join(k)), Some(true), "{k}");
     }
     let (code, err) = run(&[ds.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -306,20 +302,6 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let n = std::ffi::CString::new(name).ok()?;
-    let mut buf = vec![0u8; 64];
-    // SAFETY: buffers outlive the call.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return None;
-    }
-    buf.truncate(r as usize);
-    Some(buf)
 }
 
 // [S-DISK-TRUST]

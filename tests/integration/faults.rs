@@ -14,10 +14,6 @@ fn via(ep: &RdmaEndpoint, b: &str, extra: &[&str]) -> Mount {
     Mount::new_at(&ep.url, b, &args)
 }
 
-fn set_fault(ep: &RdmaEndpoint, text: &str) {
-    ep.fault_text(text);
-}
-
 fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     std::fs::File::open(path)?.read_to_end(&mut out)?;
@@ -33,7 +29,7 @@ fn a_connection_reset_mid_body_is_retried_and_the_bytes_are_right() {
     let data = pattern(24 << 20, 11);
     put(&b, "f", data.clone());
     let m = via(&ep, &b, &[]);
-    set_fault(&ep, "reset 3 op=GetObject");
+    ep.fault_text("reset 3 op=GetObject");
     let got = read_file(&m.join("f")).expect("read after resets");
     assert!(got == data, "wrong bytes after resets");
 }
@@ -47,7 +43,7 @@ fn a_trickling_body_times_out_and_is_fetched_again() {
     let data = pattern(8 << 20, 12);
     put(&b, "f", data.clone());
     let m = via(&ep, &b, &["--request-timeout", "2s"]);
-    set_fault(&ep, "trickle:300 1 op=GetObject");
+    ep.fault_text("trickle:300 1 op=GetObject");
     let start = Instant::now();
     let got = read_file(&m.join("f")).expect("read after a stalled body");
     assert!(got == data, "wrong bytes after a stall");
@@ -66,7 +62,7 @@ fn throttling_is_retried() {
     let data = pattern(3 << 20, 13);
     put(&b, "f", data.clone());
     let m = via(&ep, &b, &[]);
-    set_fault(&ep, "throttle 3 op=GetObject");
+    ep.fault_text("throttle 3 op=GetObject");
     assert!(read_file(&m.join("f")).expect("read") == data);
 }
 
@@ -81,7 +77,7 @@ fn an_outage_during_a_read_is_ridden_out_or_fails_with_eio_in_bounded_time() {
     put(&b, "f", data.clone());
 
     let m = via(&ep, &b, &["--max-attempts", "12"]);
-    set_fault(&ep, "error op=any for=10000");
+    ep.fault_text("error op=any for=10000");
     let start = Instant::now();
     let got = read_file(&m.join("f")).expect("read through the outage");
     assert!(got == data, "wrong bytes after the outage");
@@ -91,7 +87,7 @@ fn an_outage_during_a_read_is_ridden_out_or_fails_with_eio_in_bounded_time() {
     let m = via(&ep, &b, &["--max-attempts", "2"]);
     let _ = std::fs::metadata(m.join("f")).expect("stat before the outage");
     // A different text: the endpoint starts a window when the fault file changes.
-    set_fault(&ep, "error op=any for=10001");
+    ep.fault_text("error op=any for=10001");
     let start = Instant::now();
     let e = read_file(&m.join("f")).expect_err("read in an outage with 2 attempts");
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
@@ -122,13 +118,13 @@ fn an_outage_during_a_write_stores_the_file_whole_or_not_at_all() {
             &b,
             &["--max-attempts", attempts, "--write-part-size", "5MiB"],
         );
-        set_fault(&ep, "none");
+        ep.fault_text("none");
         let mut f = std::fs::File::create(m.join("w")).unwrap();
         let mut result = Ok(());
         for (i, chunk) in data.chunks(1 << 20).enumerate() {
             if i == 10 {
                 // Distinct text per run: a window starts when the fault file changes.
-                set_fault(&ep, &format!("error op=any for=10000 run={attempts}"));
+                ep.fault_text(&format!("error op=any for=10000 run={attempts}"));
             }
             if let Err(e) = f.write_all(chunk) {
                 result = Err(e.raw_os_error());
@@ -139,7 +135,7 @@ fn an_outage_during_a_write_stores_the_file_whole_or_not_at_all() {
         if let (Ok(()), Err(e)) = (&result, closed) {
             result = Err(e.raw_os_error());
         }
-        set_fault(&ep, "none");
+        ep.fault_text("none");
         let stored = backend_get(&b, "w");
         match &result {
             Ok(()) => assert!(stored.as_deref() == Some(&data[..]), "stored bytes differ"),
@@ -257,7 +253,7 @@ fn answers_without_an_etag_keep_reads_pinned() {
     let data = pattern(2 << 20, 41);
     put(&b, "f", data.clone());
     let m = via(&ep, &b, &["--metadata-ttl", "0"]);
-    set_fault(&ep, "noetag op=any");
+    ep.fault_text("noetag op=any");
     assert!(read_file(&m.join("f")).expect("read without ETag headers") == data);
     let mut f = std::fs::File::open(m.join("f")).unwrap();
     put(&b, "f", pattern(2 << 20, 44));
@@ -276,10 +272,10 @@ fn a_put_answer_without_an_etag_still_stores_the_file() {
     let ep = RdmaEndpoint::start();
     let b = bucket("noetag-w");
     let m = via(&ep, &b, &["--metadata-ttl", "0"]);
-    set_fault(&ep, "noetag op=PutObject");
+    ep.fault_text("noetag op=PutObject");
     let data = pattern(1 << 20, 42);
     std::fs::write(m.join("w"), &data).expect("write");
-    set_fault(&ep, "none");
+    ep.fault_text("none");
     assert!(backend_get(&b, "w").as_deref() == Some(&data[..]));
     assert!(read_file(&m.join("w")).expect("read back") == data);
 }
@@ -299,13 +295,13 @@ fn answers_that_are_not_xml_fail_cleanly() {
         &b,
         &["--metadata-ttl", "0", "--write-part-size", "5MiB"],
     );
-    set_fault(&ep, "garbage op=ListObjectsV2");
+    ep.fault_text("garbage op=ListObjectsV2");
     let e = std::fs::read_dir(m.join("d"))
         .and_then(|d| d.collect::<Result<Vec<_>, _>>())
         .map(|v| v.len())
         .expect_err("listing with a garbage answer");
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
-    set_fault(&ep, "none");
+    ep.fault_text("none");
     assert_eq!(std::fs::read_dir(m.join("d")).unwrap().count(), 1);
 
     let data = pattern(12 << 20, 43);
@@ -314,11 +310,11 @@ fn answers_that_are_not_xml_fail_cleanly() {
         .enumerate()
     {
         let name = format!("w{n}");
-        set_fault(&ep, &format!("garbage op={op}"));
+        ep.fault_text(&format!("garbage op={op}"));
         let r = std::fs::File::create(m.join(&name))
             .and_then(|mut f| f.write_all(&data).map(|()| f))
             .and_then(close_file);
-        set_fault(&ep, "none");
+        ep.fault_text("none");
         let stored = backend_get(&b, &name);
         if n == 0 {
             let e = r.map(|_| name.clone()).expect_err(op);
