@@ -103,6 +103,8 @@ pub struct DiskCache {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     queued: AtomicU64,
     enabled: AtomicBool,
+    /// The preferred I/O size (`st_blksize`) of the cache directory's file system.
+    io_size: u32,
     pub stats: DiskStats,
     _lock: File,
 }
@@ -131,6 +133,10 @@ impl DiskCache {
             )
         })?;
         let lock = store::lock_dir(&root)?;
+        let io_size = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(&root).map_or(4096, |m| m.blksize().clamp(512, 1 << 20) as u32)
+        };
         let (found, used) = store::scan(&root);
         let avail = store::available(&root).unwrap_or(u64::MAX);
         let room = used.saturating_add(avail / 100 * 95);
@@ -172,6 +178,7 @@ impl DiskCache {
             writer: Mutex::new(None),
             queued: AtomicU64::new(0),
             enabled: AtomicBool::new(limit_now >= MIN_LIMIT),
+            io_size,
             stats: DiskStats::default(),
             _lock: lock,
         });
@@ -212,6 +219,11 @@ impl DiskCache {
 
     fn path(&self, name: &str, ext: &str) -> PathBuf {
         store::entry_path(&self.root, name, ext)
+    }
+
+    /// The preferred I/O size of the cache directory's file system (its `st_blksize`).
+    pub fn io_size(&self) -> u32 {
+        self.io_size
     }
 
     pub fn enabled(&self) -> bool {

@@ -1,6 +1,10 @@
-//! Directory listings: one full ListObjectsV2 walk (delimiter `/`) turned into sorted entries.
+//! Directory listings: one full ListObjectsV2 walk (delimiter `/`) turned into sorted entries,
+//! and the listings this mount reuses within `--metadata-ttl`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::fs::names::{self, BadName, Entry};
 use crate::s3::{ListPage, ObjectInfo};
@@ -84,6 +88,103 @@ impl DirBuilder {
     }
 }
 
+/// Entries held by all cached listings together, at most (about 200 bytes each).
+const MAX_CACHED_ENTRIES: u64 = 500_000;
+
+/// A complete listing of one directory, as S3 gave it.
+pub struct CachedListing {
+    /// When it was asked for (before the first page was requested).
+    pub at: Instant,
+    generation: u64,
+    pub entries: Vec<(String, Listed)>,
+}
+
+/// Complete directory listings, reused by `readdir` while younger than the metadata TTL —
+/// "directory entries are trusted for `--metadata-ttl`", as attributes are — unless this mount
+/// has changed the namespace since (any create, write, delete, rename, mkdir, rmdir or setattr
+/// drops them all: a listing must never hide what this mount just did).
+pub struct ListingCache {
+    ttl: Duration,
+    generation: AtomicU64,
+    cache: Option<moka::sync::Cache<u64, Arc<CachedListing>>>,
+}
+
+impl ListingCache {
+    pub fn new(ttl: Duration) -> Self {
+        let cache = (!ttl.is_zero()).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(MAX_CACHED_ENTRIES)
+                .weigher(|_, l: &Arc<CachedListing>| l.entries.len().max(1) as u32)
+                .time_to_live(ttl)
+                .build()
+        });
+        ListingCache {
+            ttl,
+            generation: AtomicU64::new(0),
+            cache,
+        }
+    }
+
+    /// Take before asking S3 for a listing; hand back to `put`.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// The listing of directory `ino`, if it is younger than the TTL and nothing changed since.
+    pub fn get(&self, ino: u64, now: Instant) -> Option<Arc<CachedListing>> {
+        let l = self.cache.as_ref()?.get(&ino)?;
+        (l.generation == self.generation() && now.saturating_duration_since(l.at) < self.ttl)
+            .then_some(l)
+    }
+
+    /// Keep a listing asked for at `at`, when the generation was `generation`.
+    pub fn put(
+        &self,
+        ino: u64,
+        at: Instant,
+        generation: u64,
+        entries: Vec<(String, Listed)>,
+    ) -> Arc<CachedListing> {
+        let l = Arc::new(CachedListing {
+            at,
+            generation,
+            entries,
+        });
+        if let Some(c) = &self.cache {
+            c.insert(ino, l.clone());
+        }
+        l
+    }
+
+    /// This mount is changing the namespace: no listing taken before the change (or during
+    /// it, see [`NamespaceChange`]) is used again.
+    pub fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// What is left of the TTL of a listing taken at `at`.
+    pub fn remaining(&self, at: Instant, now: Instant) -> Duration {
+        self.ttl.saturating_sub(now.saturating_duration_since(at))
+    }
+}
+
+/// Held across a change to the namespace: marks it changed when taken and when dropped, so a
+/// listing that ran alongside the change is not kept either.
+pub struct NamespaceChange<'a>(&'a ListingCache);
+
+impl<'a> NamespaceChange<'a> {
+    pub fn new(cache: &'a ListingCache) -> Self {
+        cache.changed();
+        NamespaceChange(cache)
+    }
+}
+
+impl Drop for NamespaceChange<'_> {
+    fn drop(&mut self) {
+        self.0.changed();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +225,41 @@ mod tests {
         assert!(hidden_keys.contains(&"d/clash"));
         assert!(hidden_keys.contains(&"d/.."));
         assert!(hidden_keys.contains(&"d//"));
+    }
+
+    #[test]
+    fn listings_are_reused_within_the_ttl_until_the_namespace_changes() {
+        let c = ListingCache::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        let g = c.generation();
+        c.put(7, t0, g, vec![("a".into(), Listed::Dir)]);
+        assert_eq!(c.get(7, t0).map(|l| l.entries.len()), Some(1));
+        assert!(c.get(8, t0).is_none());
+        // Older than the TTL: asked again.
+        assert!(c.get(7, t0 + Duration::from_secs(60)).is_none());
+        assert_eq!(
+            c.remaining(t0, t0 + Duration::from_secs(45)),
+            Duration::from_secs(15)
+        );
+        // A change made by this mount drops it...
+        drop(NamespaceChange::new(&c));
+        assert!(c.get(7, t0).is_none());
+        // ...and so does one that ran alongside the listing.
+        let g = c.generation();
+        let change = NamespaceChange::new(&c);
+        c.put(7, t0, g, vec![]);
+        drop(change);
+        assert!(c.get(7, t0).is_none());
+        // A listing taken while a change is still going on is not kept either.
+        let change = NamespaceChange::new(&c);
+        let g = c.generation();
+        c.put(7, t0, g, vec![]);
+        drop(change);
+        assert!(c.get(7, t0).is_none());
+        // No TTL, no cache.
+        let none = ListingCache::new(Duration::ZERO);
+        none.put(1, t0, none.generation(), vec![]);
+        assert!(none.get(1, t0).is_none());
     }
 
     #[test]

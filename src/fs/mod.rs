@@ -70,8 +70,10 @@ const OPEN_REVALIDATE_WINDOW: Duration = Duration::from_millis(100);
 
 /// Block size reported by `statfs` (and the unit of its block counts).
 const BLOCK_SIZE: u32 = 4096;
-/// The preferred I/O size `stat` reports (`st_blksize`): `cp`, `cat` and stdio size their
-/// buffers by it, and 1 MiB writes cost an eighth of the FUSE requests of the usual 128 KiB.
+/// The preferred I/O size `stat` reports (`st_blksize`) for a file the daemon serves: `cp`,
+/// `cat` and stdio size their buffers by it, and 1 MiB writes cost an eighth of the FUSE
+/// requests of the usual 128 KiB. (A file the kernel reads itself from the disk cache reports
+/// the cache file system's size instead: see `S3Fs::io_size`.)
 const IO_SIZE: u32 = 1 << 20;
 /// The extended attribute of the mount's root that holds the live counters
 /// (`s3rdma stats MOUNTPOINT` reads it).
@@ -116,7 +118,15 @@ enum Opened {
 }
 
 struct OpenDir {
-    entries: Mutex<Option<Arc<Vec<DirEntryOut>>>>,
+    entries: Mutex<Option<Arc<DirOut>>>,
+}
+
+/// What `readdir` hands out for one open directory: its entries, and how long the kernel may
+/// trust them (what is left of the listing's TTL).
+#[derive(Default)]
+struct DirOut {
+    entries: Vec<DirEntryOut>,
+    ttl: Duration,
 }
 
 struct DirEntryOut {
@@ -131,6 +141,8 @@ pub struct S3Fs {
     cfg: FsConfig,
     inodes: InodeTable,
     negative: Option<moka::sync::Cache<String, ()>>,
+    /// Complete listings, reused within the metadata TTL.
+    listings: dir::ListingCache,
     hidden_logged: moka::sync::Cache<String, ()>,
     files: control::FileTable,
     /// Set once the mount is shutting down: no new files are opened for writing.
@@ -189,6 +201,7 @@ impl S3Fs {
             cache,
             inodes: InodeTable::new(root_prefix),
             negative,
+            listings: dir::ListingCache::new(cfg.metadata_ttl),
             hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
             files: Arc::new(Mutex::new(HashMap::new())),
             closing: Arc::new(AtomicBool::new(false)),
@@ -334,8 +347,26 @@ impl S3Fs {
             uid: meta.and_then(|m| m.uid).unwrap_or(self.cfg.uid),
             gid: meta.and_then(|m| m.gid).unwrap_or(self.cfg.gid),
             rdev: 0,
-            blksize: IO_SIZE,
+            blksize: self.io_size(inode, stat),
             flags: 0,
+        }
+    }
+
+    /// `st_blksize`: the preferred I/O size of whoever serves the file's bytes. The daemon
+    /// (every read or write may be a FUSE request): 1 MiB. The kernel itself, reading this
+    /// version from the disk cache by passthrough: the cache file system's own — so `cat` or
+    /// stdio reading many small files does not allocate and fault a 1 MiB buffer for each.
+    fn io_size(&self, inode: &Inode, stat: &Stat) -> u32 {
+        match &self.disk {
+            Some(d)
+                if inode.kind == Kind::File
+                    && stat.size > 0
+                    && self.passthrough.load(Ordering::Relaxed)
+                    && d.contains(&inode.key, &stat.etag) =>
+            {
+                d.io_size()
+            }
+            _ => IO_SIZE,
         }
     }
 
@@ -641,31 +672,24 @@ impl S3Fs {
             .map_err(|e| self.fail("read", &e))
     }
 
-    /// List the directory fully and cache the entries' attributes.
-    fn list_dir(&self, inode: &Inode) -> FsResult<Vec<DirEntryOut>> {
-        let mut builder = DirBuilder::new(&inode.key);
-        let result: Result<(), S3Error> = self.rt.block_on(async {
-            let mut token = None;
-            loop {
-                let mut page = self
-                    .s3
-                    .list_page(&inode.key, Some("/"), token, 1000)
-                    .await?;
-                token = page.next_token.take();
-                builder.add_page(page);
-                if token.is_none() {
-                    return Ok(());
-                }
-            }
-        });
-        result.map_err(|e| self.fail("readdir", &e))?;
-        let (entries, hidden) = builder.finish();
-        for h in hidden {
-            self.log_hidden(&h.key, h.why);
-        }
+    /// The directory's entries: from a listing younger than the metadata TTL if this mount
+    /// has one (and changed nothing since), else from S3.
+    fn list_dir(&self, inode: &Inode) -> FsResult<DirOut> {
         let now = Instant::now();
-        let until = self.ttl_from(now);
-        let mut out = Vec::with_capacity(entries.len() + 2);
+        let (listing, cached) = match self.listings.get(inode.ino, now) {
+            Some(l) => (l, true),
+            None => {
+                let generation = self.listings.generation();
+                let entries = self.list_from_s3(inode)?;
+                (
+                    self.listings.put(inode.ino, now, generation, entries),
+                    false,
+                )
+            }
+        };
+        debug!(key = %inode.key, entries = listing.entries.len(), cached, "listed");
+        let until = self.ttl_from(listing.at);
+        let mut out = Vec::with_capacity(listing.entries.len() + 2);
         let parent = self.inodes.get(inode.parent).unwrap_or_else(|| {
             self.inodes
                 .get(ROOT_INO)
@@ -680,28 +704,32 @@ impl S3Fs {
             name: "..".into(),
             attr: self.attr(&parent, &dir_stat),
         });
-        for (name, listed) in entries {
+        for (name, listed) in &listing.entries {
             let (child, stat) = match listed {
                 Listed::Dir => {
-                    let prefix = names::dir_prefix_of(&names::child_key(&inode.key, &name));
+                    let prefix = names::dir_prefix_of(&names::child_key(&inode.key, name));
                     (
-                        self.inodes
-                            .upsert_child(inode.ino, &name, Kind::Dir, prefix),
+                        self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix),
                         dir_stat.clone(),
                     )
                 }
                 Listed::File(info) => {
                     let key = info.key.clone();
-                    let child = self.inodes.upsert_child(inode.ino, &name, Kind::File, key);
-                    let stat = Stat::from(&info).inherit(child.last_stat().as_ref());
+                    let child = self.inodes.upsert_child(inode.ino, name, Kind::File, key);
+                    // A reused listing never overrides what was learnt after it.
+                    let newer = cached.then(|| child.fresh_stat(now)).flatten();
+                    let stat = newer.unwrap_or_else(|| {
+                        let stat = Stat::from(info).inherit(child.last_stat().as_ref());
+                        child.set_stat(stat.clone(), until);
+                        stat
+                    });
                     (child, stat)
                 }
             };
-            child.set_stat(stat.clone(), until);
             let stat = self.writing(child.ino).map_or(stat, |w| w.stat());
             out.push(DirEntryOut {
                 attr: self.attr(&child, &stat),
-                name,
+                name: name.clone(),
             });
         }
         // Directories made here and files being written exist in this mount before S3 has
@@ -725,10 +753,38 @@ impl S3Fs {
                 });
             }
         }
-        Ok(out)
+        Ok(DirOut {
+            entries: out,
+            ttl: self.listings.remaining(listing.at, Instant::now()),
+        })
     }
 
-    fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Arc<Vec<DirEntryOut>>> {
+    /// One full ListObjectsV2 walk of the directory.
+    fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
+        let mut builder = DirBuilder::new(&inode.key);
+        let result: Result<(), S3Error> = self.rt.block_on(async {
+            let mut token = None;
+            loop {
+                let mut page = self
+                    .s3
+                    .list_page(&inode.key, Some("/"), token, 1000)
+                    .await?;
+                token = page.next_token.take();
+                builder.add_page(page);
+                if token.is_none() {
+                    return Ok(());
+                }
+            }
+        });
+        result.map_err(|e| self.fail("readdir", &e))?;
+        let (entries, hidden) = builder.finish();
+        for h in hidden {
+            self.log_hidden(&h.key, h.why);
+        }
+        Ok(entries)
+    }
+
+    fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Arc<DirOut>> {
         let dir = self.lock_dirs().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let mut cached = dir.entries.lock().unwrap_or_else(|e| e.into_inner());
         if offset == 0 || cached.is_none() {
@@ -780,6 +836,12 @@ impl S3Fs {
 
     fn entry_ttl(&self) -> Duration {
         self.cfg.metadata_ttl
+    }
+
+    /// Hold across anything that changes the namespace in S3 (create, write, delete, rename,
+    /// mkdir, rmdir, setattr): cached listings are not used again.
+    fn ns_change(&self) -> dir::NamespaceChange<'_> {
+        dir::NamespaceChange::new(&self.listings)
     }
 }
 
@@ -1159,7 +1221,7 @@ impl fuser::Filesystem for S3Fs {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
             if reply.add(e.attr.ino, i as u64 + 1, e.attr.kind, &e.name) {
                 break;
             }
@@ -1180,8 +1242,8 @@ impl fuser::Filesystem for S3Fs {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
-        let ttl = self.entry_ttl();
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        let ttl = entries.ttl;
+        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
             if reply.add(
                 e.attr.ino,
                 i as u64 + 1,

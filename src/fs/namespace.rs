@@ -84,6 +84,7 @@ impl S3Fs {
     }
 
     pub(super) fn do_mkdir(&self, parent: u64, name: &OsStr, mode: u32) -> FsResult<FileAttr> {
+        let _ns = self.ns_change();
         let (p, name) = self.dir_and_name(parent, name)?;
         let prefix = names::dir_prefix_of(&names::child_key(&p.key, name));
         if self.cfg.dir_markers {
@@ -123,6 +124,7 @@ impl S3Fs {
     }
 
     pub(super) fn do_rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        let _ns = self.ns_change();
         let child = self.existing_child(parent, name)?;
         if child.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
@@ -162,6 +164,7 @@ impl S3Fs {
     }
 
     pub(super) fn do_unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        let _ns = self.ns_change();
         let child = self.existing_child(parent, name)?;
         if child.kind == Kind::Dir {
             return Err(Errno::EISDIR);
@@ -193,6 +196,7 @@ impl S3Fs {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> FsResult<()> {
+        let _ns = self.ns_change();
         if flags.contains(RenameFlags::RENAME_EXCHANGE)
             || flags.contains(RenameFlags::RENAME_WHITEOUT)
         {
@@ -308,6 +312,7 @@ impl S3Fs {
     /// written does nothing, anything else fails with EOPNOTSUPP. Directories: kept in memory
     /// for the life of the mount. atime is not kept (the mount is noatime).
     pub(super) fn do_setattr(&self, ino: u64, set: SetAttr) -> FsResult<FileAttr> {
+        let _ns = self.ns_change();
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if self.cfg.read_only {
             return Err(Errno::EROFS);

@@ -157,6 +157,7 @@ impl S3Fs {
         req: (u32, u32, u32),
         mode: u32,
     ) -> FsResult<(FileAttr, u64)> {
+        let _ns = self.ns_change();
         let (pid, uid, gid) = req;
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
@@ -193,6 +194,7 @@ impl S3Fs {
         flags: OpenFlags,
         pid: u32,
     ) -> FsResult<(u64, FopenFlags)> {
+        let _ns = self.ns_change();
         if self.cfg.read_only {
             return Err(Errno::EROFS);
         }
@@ -292,6 +294,7 @@ impl S3Fs {
 
     /// Store the file (once; later calls return the same outcome).
     fn commit(&self, ino: u64, w: &WriteFile) -> FsResult<()> {
+        let _ns = self.ns_change();
         let mut up = self.rt.block_on(w.upload.lock());
         let was_open = up.is_open();
         let result = self.rt.block_on(up.commit());

@@ -353,6 +353,46 @@ fn new_and_removed_keys_appear_after_the_ttl() {
     assert_eq!(names(&m.path), ["later"]);
 }
 
+// [S-NS-LISTING]
+#[test]
+fn listings_are_reused_within_the_ttl_and_never_hide_this_mounts_changes() {
+    let b = bucket("listttl");
+    put(&b, "d/a", b"a".to_vec());
+    put(&b, "d/b", b"b".to_vec());
+    let m = Mount::new(&b, &["--metadata-ttl", "4s"]);
+    let d = m.join("d");
+    assert_eq!(names(&d), ["a", "b"]);
+    let lists = m.count_requests("ListObjectsV2");
+    // Within the TTL the directory is listed from the mount's listing: no request...
+    assert_eq!(names(&d), ["a", "b"]);
+    assert_eq!(m.count_requests("ListObjectsV2"), lists);
+    // ...so another client's new key is not seen yet.
+    put(&b, "d/c", b"c".to_vec());
+    assert_eq!(names(&d), ["a", "b"]);
+    assert_eq!(m.count_requests("ListObjectsV2"), lists);
+    // This mount's own changes are seen at once (the next listing asks S3 again).
+    std::fs::write(d.join("w"), b"w").unwrap();
+    assert_eq!(names(&d), ["a", "b", "c", "w"]);
+    std::fs::remove_file(d.join("a")).unwrap();
+    assert_eq!(names(&d), ["b", "c", "w"]);
+    std::fs::rename(d.join("b"), d.join("b2")).unwrap();
+    assert_eq!(names(&d), ["b2", "c", "w"]);
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::write(d.join("sub/x"), b"x").unwrap();
+    assert_eq!(names(&d), ["b2", "c", "sub", "w"]);
+    std::fs::remove_file(d.join("sub/x")).unwrap();
+    std::fs::remove_dir(d.join("sub")).unwrap();
+    assert_eq!(names(&d), ["b2", "c", "w"]);
+    // Another client's delete shows once the TTL has passed since the last listing.
+    delete(&b, "d/c");
+    assert_eq!(names(&d), ["b2", "c", "w"]);
+    std::thread::sleep(Duration::from_millis(4500));
+    assert_eq!(names(&d), ["b2", "w"]);
+    // And `ls -l` shows the sizes the listing had, within the TTL as after it.
+    let out = Command::new("ls").arg("-l").arg(&d).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" 1 "));
+}
+
 // [S-NS-STATFS]
 #[test]
 fn statfs_reports_sane_values() {
