@@ -247,11 +247,12 @@ pub fn run(settings: Settings) -> ! {
     info!(mountpoint = %mountpoint.display(), stats = %summary_text, "unmounted");
     // Release everything registered with cuObject: tasks first (they hold blocks and
     // tokens), then the cache and the write buffers.
-    rt.shutdown_timeout(std::time::Duration::from_secs(5));
-    drop(summary);
+    // The disk cache first: its writer may be fetching a block on the runtime.
     if let Some(d) = disk {
         d.close();
     }
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    drop(summary);
     drop(cache);
     drop(uploader);
     let live = cuobj_ffi::live();

@@ -8,8 +8,10 @@
 //! `XX/NAME.part` while it is being filled. NAME is two CRC-64s of (bucket, key, ETag); the meta
 //! file is compared in full, so a collision is a miss, never wrong bytes.
 //!
-//! - Filling never slows a read: blocks are copied to a writer thread through a bounded queue
-//!   (a full queue drops the offer; that object is simply not cached this time).
+//! - Filling never slows a read: blocks are copied to a writer thread through a bounded queue.
+//!   A full queue drops the copy; the writer fetches such blocks itself (ranged GET with
+//!   `If-Match`) once it is idle and the object's reader has moved on, so an object read
+//!   faster than the disk can write is still complete after one pass.
 //! - LRU eviction keeps the files (complete and being filled) within `--cache-dir-size`.
 //! - Remount: entries found at start are trusted only after their blocks' CRCs are checked
 //!   again, at their first use (an `open` that pinned the same ETag, asked of S3 at that open);
@@ -24,8 +26,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -37,6 +40,24 @@ const MAX_QUEUED: u64 = 256 << 20;
 const MAX_PARTIALS: usize = 512;
 /// Below this the cache turns itself off rather than shrink further.
 const MIN_LIMIT: u64 = 64 << 20;
+/// A dropped block is fetched again once its object has had no offer for this long.
+const REFILL_AFTER: Duration = Duration::from_secs(1);
+/// How often an idle writer looks for dropped blocks to fetch.
+const REFILL_POLL: Duration = Duration::from_millis(200);
+/// Failed fetches of one object's dropped blocks before the object is given up.
+const REFILL_ATTEMPTS: u32 = 3;
+
+/// Why a block could not be fetched for the cache.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FetchError {
+    /// The object is gone or has another ETag now: drop what was filled.
+    Changed,
+    /// Anything else (try again later).
+    Failed,
+}
+
+/// Reads `buf.len()` bytes of `key` at `offset`, only if its ETag is still `etag`.
+pub type Fetch = Box<dyn Fn(&str, &str, u64, &mut [u8]) -> Result<(), FetchError> + Send + Sync>;
 
 /// The default `--cache-dir-size`: half of the space free on DIR's file system now.
 pub fn default_size(dir: &Path) -> u64 {
@@ -73,8 +94,30 @@ struct Partial {
     file: Arc<File>,
     have: Vec<bool>,
     queued: Vec<bool>,
+    /// Offered, but dropped because the writer was behind: to be fetched again.
+    lost: Vec<bool>,
+    lost_count: usize,
     missing: usize,
     born: u64,
+    last_offer: Instant,
+    refill_failures: u32,
+}
+
+impl Partial {
+    fn lose(&mut self, i: usize) {
+        self.queued[i] = false;
+        if !self.lost[i] && !self.have[i] {
+            self.lost[i] = true;
+            self.lost_count += 1;
+        }
+    }
+
+    fn found(&mut self, i: usize) {
+        if self.lost[i] {
+            self.lost[i] = false;
+            self.lost_count -= 1;
+        }
+    }
 }
 
 struct State {
@@ -102,6 +145,10 @@ pub struct DiskCache {
     tx: Mutex<Option<SyncSender<Job>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     queued: AtomicU64,
+    /// Bytes the queue may hold (`MAX_QUEUED`; smaller in tests).
+    queue_limit: u64,
+    fetch: OnceLock<Fetch>,
+    closing: AtomicBool,
     enabled: AtomicBool,
     /// The preferred I/O size (`st_blksize`) of the cache directory's file system.
     io_size: u32,
@@ -124,6 +171,16 @@ impl DiskCache {
         limit: u64,
         bucket: &str,
         block_size: u64,
+    ) -> Result<Arc<DiskCache>, String> {
+        Self::open_with_queue(dir, limit, bucket, block_size, MAX_QUEUED)
+    }
+
+    fn open_with_queue(
+        dir: &Path,
+        limit: u64,
+        bucket: &str,
+        block_size: u64,
+        queue_limit: u64,
     ) -> Result<Arc<DiskCache>, String> {
         let root = dir.join("s3rdma-cache-v1");
         std::fs::create_dir_all(&root).map_err(|e| {
@@ -177,6 +234,9 @@ impl DiskCache {
             tx: Mutex::new(None),
             writer: Mutex::new(None),
             queued: AtomicU64::new(0),
+            queue_limit,
+            fetch: OnceLock::new(),
+            closing: AtomicBool::new(false),
             enabled: AtomicBool::new(limit_now >= MIN_LIMIT),
             io_size,
             stats: DiskStats::default(),
@@ -197,10 +257,23 @@ impl DiskCache {
         let weak = Arc::downgrade(&cache);
         let handle = std::thread::Builder::new()
             .name("s3rdma-diskcache".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let Some(c) = weak.upgrade() else { break };
-                    c.run(job);
+            .spawn(move || loop {
+                match rx.recv_timeout(REFILL_POLL) {
+                    Ok(job) => {
+                        let Some(c) = weak.upgrade() else { break };
+                        c.run(job);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        let Some(c) = weak.upgrade() else { break };
+                        // Idle: fetch dropped blocks, until blocks are offered again.
+                        while c.refill_one() {
+                            if let Ok(job) = rx.try_recv() {
+                                c.run(job);
+                                break;
+                            }
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             })
             .map_err(|e| format!("cannot start the disk cache writer: {e}"))?;
@@ -348,20 +421,26 @@ impl DiskCache {
                         file: Arc::new(file),
                         have: vec![false; blocks],
                         queued: vec![false; blocks],
+                        lost: vec![false; blocks],
+                        lost_count: 0,
                         missing: blocks,
                         born,
+                        last_offer: Instant::now(),
+                        refill_failures: 0,
                     },
                 );
             }
             let Some(p) = st.partials.get_mut(&name) else {
                 return;
             };
+            p.last_offer = Instant::now();
             if p.have[index as usize] || p.queued[index as usize] {
                 return;
             }
             let len = data.len() as u64;
-            if self.queued.load(Ordering::Relaxed) + len > MAX_QUEUED {
+            if self.queued.load(Ordering::Relaxed) + len > self.queue_limit {
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                p.lose(index as usize);
                 return;
             }
             p.queued[index as usize] = true;
@@ -379,7 +458,73 @@ impl DiskCache {
         if !sent {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             self.queued.fetch_sub(data.len() as u64, Ordering::Relaxed);
+            if let Some(p) = self.lock().partials.get_mut(&self.name(key, etag)) {
+                p.lose(index as usize);
+            }
         }
+    }
+
+    /// Where the cache gets dropped blocks from (set once, by the file system).
+    pub fn set_fetch(&self, fetch: Fetch) {
+        let _ = self.fetch.set(fetch);
+    }
+
+    /// The writer thread, when idle: fetch one dropped block of an object whose reader has
+    /// moved on. False when there is nothing to do.
+    fn refill_one(&self) -> bool {
+        let Some(fetch) = self.fetch.get() else {
+            return false;
+        };
+        if !self.enabled() || self.closing.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = Instant::now();
+        let pick = {
+            let mut st = self.lock();
+            let found = st.partials.iter_mut().find(|(_, p)| {
+                p.lost_count > 0 && now.saturating_duration_since(p.last_offer) >= REFILL_AFTER
+            });
+            found.and_then(|(name, p)| {
+                let i = p.lost.iter().position(|&l| l)?;
+                p.found(i);
+                p.queued[i] = true;
+                Some((
+                    name.clone(),
+                    p.meta.key.clone(),
+                    p.meta.etag.clone(),
+                    i,
+                    p.meta.size,
+                ))
+            })
+        };
+        let Some((name, key, etag, i, size)) = pick else {
+            return false;
+        };
+        let offset = i as u64 * self.block_size;
+        let mut data = vec![0u8; self.block_size.min(size - offset) as usize];
+        match fetch(&key, &etag, offset, &mut data) {
+            Ok(()) => self.store_block(&name, i as u64, &data),
+            Err(e) => {
+                let mut st = self.lock();
+                let give_up = match st.partials.get_mut(&name) {
+                    Some(p) => {
+                        p.lose(i);
+                        p.last_offer = Instant::now();
+                        p.refill_failures += 1;
+                        e == FetchError::Changed || p.refill_failures >= REFILL_ATTEMPTS
+                    }
+                    None => false,
+                };
+                if give_up {
+                    warn!(key, etag, error = ?e, "cannot fetch the blocks the disk cache dropped; this object is not cached");
+                    if let Some(p) = st.partials.remove(&name) {
+                        st.used = st.used.saturating_sub(p.meta.size);
+                        store::remove_unfinished(&self.root, &name);
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// The writer thread: one block into its object's file; the object is complete when its
@@ -387,30 +532,35 @@ impl DiskCache {
     fn run(&self, job: Job) {
         let Job::Write { name, index, data } = job;
         self.queued.fetch_sub(data.len() as u64, Ordering::Relaxed);
-        let file = match self.lock().partials.get(&name) {
+        self.store_block(&name, index, &data);
+    }
+
+    fn store_block(&self, name: &str, index: u64, data: &[u8]) {
+        let file = match self.lock().partials.get(name) {
             Some(p) => p.file.clone(),
             None => return,
         };
-        if let Err(e) = store::write_block(&file, index * self.block_size, &data) {
-            self.failed(&name, &e);
+        if let Err(e) = store::write_block(&file, index * self.block_size, data) {
+            self.failed(name, &e);
             return;
         }
-        let crc = crate::rdma::checksum::crc64nvme(&data);
+        let crc = crate::rdma::checksum::crc64nvme(data);
         let done = {
             let mut st = self.lock();
-            let Some(p) = st.partials.get_mut(&name) else {
+            let Some(p) = st.partials.get_mut(name) else {
                 return;
             };
             let i = index as usize;
             if !p.have[i] {
                 p.have[i] = true;
+                p.found(i);
                 p.meta.crcs[i] = crc;
                 p.missing -= 1;
             }
             p.missing == 0
         };
         if done {
-            self.finish(&name);
+            self.finish(name);
         }
     }
 
@@ -505,6 +655,7 @@ impl DiskCache {
 
     /// Stop the writer (blocks already queued are written) and remove unfinished files.
     pub fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
         drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
         if let Some(h) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
@@ -554,5 +705,66 @@ impl State {
                 store::remove_unfinished(&cache.root, &n);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn wait_for(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Blocks the writer could not take (here: a queue of zero bytes drops every offer) are
+    /// fetched again once the reader has moved on, so the object is complete after one pass;
+    /// an object that changed in the meantime is given up.
+    #[test]
+    fn dropped_blocks_are_fetched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let bs: u64 = 64 << 10;
+        let c = DiskCache::open_with_queue(dir.path(), 1 << 30, "bkt", bs, 0).unwrap();
+        let size = 32 * bs + 1000;
+        let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+        let fetched = Arc::new(AtomicU64::new(0));
+        let (src, n) = (data.clone(), fetched.clone());
+        c.set_fetch(Box::new(move |key, etag, offset, buf| {
+            if key == "changed" {
+                return Err(FetchError::Changed);
+            }
+            assert_eq!((key, etag), ("k", "e1"));
+            n.fetch_add(1, Ordering::Relaxed);
+            let at = offset as usize;
+            buf.copy_from_slice(&src[at..at + buf.len()]);
+            Ok(())
+        }));
+        let blocks = size.div_ceil(bs);
+        for i in 0..blocks {
+            let start = (i * bs) as usize;
+            let end = (start + bs as usize).min(size as usize);
+            c.offer("k", "e1", size, i, &data[start..end]);
+        }
+        assert_eq!(c.stats.dropped.load(Ordering::Relaxed), blocks);
+        assert!(!c.contains("k", "e1"));
+        assert!(wait_for(|| c.contains("k", "e1")), "never completed");
+        assert_eq!(fetched.load(Ordering::Relaxed), blocks);
+        let f = c.lookup("k", "e1", size).unwrap();
+        let mut back = vec![0u8; size as usize];
+        f.file.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == data, "the refilled object has other bytes");
+        for i in 0..8 {
+            c.offer("changed", "e1", 8 * bs, i, &data[..bs as usize]);
+        }
+        assert!(wait_for(|| c.lock().partials.is_empty()), "not given up");
+        assert!(!c.contains("changed", "e1"));
+        c.close();
     }
 }

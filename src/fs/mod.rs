@@ -225,6 +225,18 @@ impl S3Fs {
 
     /// Serve and fill the disk cache; `passthrough`: let the kernel read cached files itself.
     pub fn set_disk_cache(&mut self, disk: Arc<DiskCache>, passthrough: bool) {
+        // Blocks the cache had to drop (its disk fell behind the reads) are fetched again by
+        // its writer, pinned to the same ETag.
+        let (s3, rt) = (self.s3.clone(), self.rt.clone());
+        disk.set_fetch(Box::new(move |key, etag, offset, buf| {
+            rt.block_on(s3.get_range_into(key, etag, offset, buf))
+                .map_err(|e| match e.kind {
+                    S3ErrorKind::NotFound | S3ErrorKind::PreconditionFailed => {
+                        crate::diskcache::FetchError::Changed
+                    }
+                    _ => crate::diskcache::FetchError::Failed,
+                })
+        }));
         self.disk = Some(disk);
         self.passthrough_wanted = passthrough;
     }
