@@ -720,22 +720,22 @@ impl S3Fs {
             let (child, stat) = match listed {
                 Listed::Dir => {
                     let prefix = names::dir_prefix_of(&names::child_key(&inode.key, name));
-                    (
-                        self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix),
-                        dir_stat.clone(),
-                    )
+                    let child = self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix);
+                    (child, dir_stat.clone())
                 }
                 Listed::File(info) => {
                     let key = info.key.clone();
                     let child = self.inodes.upsert_child(inode.ino, name, Kind::File, key);
-                    // A reused listing never overrides what was learnt after it.
-                    let newer = cached.then(|| child.fresh_stat(now)).flatten();
-                    let stat = newer.unwrap_or_else(|| {
-                        let stat = Stat::from(info).inherit(child.last_stat().as_ref());
-                        child.set_stat(stat.clone(), until);
-                        stat
-                    });
+                    let stat = Stat::from(info).inherit(child.last_stat().as_ref());
                     (child, stat)
+                }
+            };
+            // A reused listing never overrides what was learnt after it.
+            let stat = match cached.then(|| child.fresh_stat(now)).flatten() {
+                Some(newer) => newer,
+                None => {
+                    child.set_stat(stat.clone(), until);
+                    stat
                 }
             };
             let stat = self.writing(child.ino).map_or(stat, |w| w.stat());
