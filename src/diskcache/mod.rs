@@ -40,6 +40,23 @@ const MAX_QUEUED: u64 = 256 << 20;
 const MAX_PARTIALS: usize = 512;
 /// Below this the cache turns itself off rather than shrink further.
 const MIN_LIMIT: u64 = 64 << 20;
+/// Data files kept open at most (each pins about 1 KiB of kernel memory: file, dentry, inode).
+const MAX_OPEN_FILES: usize = 16384;
+
+/// How many entries may keep their data file open: a quarter of the descriptors the process
+/// may hold, at most MAX_OPEN_FILES.
+fn fd_budget() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    ((lim.rlim_cur / 4) as usize).min(MAX_OPEN_FILES)
+}
+
 /// A dropped block is fetched again once its object has had no offer for this long.
 const REFILL_AFTER: Duration = Duration::from_secs(1);
 /// How often an idle writer looks for dropped blocks to fetch.
@@ -87,6 +104,9 @@ struct Entry {
     last_use: u64,
     /// CRCs checked against the file since this mount started (or written by it).
     verified: bool,
+    /// The data file, kept open (up to `fd_budget` entries) so that an open of the object
+    /// needs no path lookup on the cache's file system (its inode stays in memory).
+    file: Option<Arc<File>>,
 }
 
 struct Partial {
@@ -127,6 +147,8 @@ struct State {
     partials: HashMap<String, Partial>,
     clock: u64,
     failures: u32,
+    /// Entries whose data file is kept open.
+    open_files: usize,
 }
 
 enum Job {
@@ -145,6 +167,8 @@ pub struct DiskCache {
     tx: Mutex<Option<SyncSender<Job>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     queued: AtomicU64,
+    /// Entries whose data file may be kept open (a quarter of RLIMIT_NOFILE, ≤ MAX_OPEN_FILES).
+    fd_budget: usize,
     /// Bytes the queue may hold (`MAX_QUEUED`; smaller in tests).
     queue_limit: u64,
     fetch: OnceLock<Fetch>,
@@ -158,7 +182,7 @@ pub struct DiskCache {
 
 /// A cached object, opened for reading.
 pub struct CachedFile {
-    pub file: File,
+    pub file: Arc<File>,
     pub size: u64,
 }
 
@@ -215,6 +239,7 @@ impl DiskCache {
                     meta,
                     last_use: 0,
                     verified: false,
+                    file: None,
                 },
             );
         }
@@ -230,11 +255,13 @@ impl DiskCache {
                 partials: HashMap::new(),
                 clock: 1,
                 failures: 0,
+                open_files: 0,
             }),
             tx: Mutex::new(None),
             writer: Mutex::new(None),
             queued: AtomicU64::new(0),
             queue_limit,
+            fd_budget: fd_budget(),
             fetch: OnceLock::new(),
             closing: AtomicBool::new(false),
             enabled: AtomicBool::new(limit_now >= MIN_LIMIT),
@@ -319,14 +346,14 @@ impl DiskCache {
             return None;
         }
         let name = self.name(key, etag);
-        let verified = {
+        let (verified, open) = {
             let mut st = self.lock();
             st.clock += 1;
             let clock = st.clock;
             match st.entries.get_mut(&name) {
                 Some(e) if e.meta.is(&self.bucket, key, etag) && e.meta.size == size => {
                     e.last_use = clock;
-                    e.verified
+                    (e.verified, e.file.clone())
                 }
                 _ => {
                     self.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -334,9 +361,13 @@ impl DiskCache {
                 }
             }
         };
+        if let Some(file) = open.filter(|_| verified) {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            return Some(CachedFile { file, size });
+        }
         let path = self.path(&name, "data");
         let file = match File::open(&path) {
-            Ok(f) => f,
+            Ok(f) => Arc::new(f),
             Err(e) => {
                 warn!(key, error = %e, "a disk cache entry cannot be opened; dropping it");
                 self.drop_entry(&name);
@@ -358,8 +389,17 @@ impl DiskCache {
                 self.drop_entry(&name);
                 return None;
             }
-            if let Some(e) = self.lock().entries.get_mut(&name) {
+        }
+        {
+            let mut st = self.lock();
+            let budget = self.fd_budget;
+            let keep = st.open_files < budget;
+            if let Some(e) = st.entries.get_mut(&name) {
                 e.verified = true;
+                if e.file.is_none() && keep {
+                    e.file = Some(file.clone());
+                    st.open_files += 1;
+                }
             }
         }
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
@@ -370,6 +410,7 @@ impl DiskCache {
         let mut st = self.lock();
         if let Some(e) = st.entries.remove(name) {
             st.used = st.used.saturating_sub(e.meta.size);
+            st.open_files -= usize::from(e.file.is_some());
             store::remove(&self.root, name);
         }
     }
@@ -576,12 +617,14 @@ impl DiskCache {
                 st.clock += 1;
                 let clock = st.clock;
                 st.failures = 0;
+                let file = st.keep_open(self.fd_budget, p.file);
                 st.entries.insert(
                     name.to_string(),
                     Entry {
                         meta: p.meta,
                         last_use: clock,
                         verified: true,
+                        file,
                     },
                 );
                 self.stats.stored.fetch_add(1, Ordering::Relaxed);
@@ -672,6 +715,14 @@ impl DiskCache {
 }
 
 impl State {
+    /// `file` to keep open with its entry, if fewer than `budget` are.
+    fn keep_open(&mut self, budget: usize, file: Arc<File>) -> Option<Arc<File>> {
+        (self.open_files < budget).then(|| {
+            self.open_files += 1;
+            file
+        })
+    }
+
     /// Evict least recently used entries until `used <= target`; false if that is impossible
     /// (what is left is being filled).
     fn evict_to(&mut self, target: u64, cache: &DiskCache) -> bool {
@@ -686,6 +737,7 @@ impl State {
             };
             if let Some(e) = self.entries.remove(&victim) {
                 self.used = self.used.saturating_sub(e.meta.size);
+                self.open_files -= usize::from(e.file.is_some());
                 store::remove(&cache.root, &victim);
                 cache.stats.evicted.fetch_add(1, Ordering::Relaxed);
             }
