@@ -392,13 +392,16 @@ impl DiskCache {
         }
         {
             let mut st = self.lock();
-            let budget = self.fd_budget;
-            let keep = st.open_files < budget;
+            let unopened = st.entries.get(&name).is_some_and(|e| e.file.is_none());
+            let kept = if unopened {
+                st.keep_open(self.fd_budget, file.clone())
+            } else {
+                None
+            };
             if let Some(e) = st.entries.get_mut(&name) {
                 e.verified = true;
-                if e.file.is_none() && keep {
-                    e.file = Some(file.clone());
-                    st.open_files += 1;
+                if kept.is_some() {
+                    e.file = kept;
                 }
             }
         }
@@ -558,10 +561,7 @@ impl DiskCache {
                 };
                 if give_up {
                     warn!(key, etag, error = ?e, "cannot fetch the blocks the disk cache dropped; this object is not cached");
-                    if let Some(p) = st.partials.remove(&name) {
-                        st.used = st.used.saturating_sub(p.meta.size);
-                        store::remove_unfinished(&self.root, &name);
-                    }
+                    st.drop_partial(&name, self);
                 }
             }
         }
@@ -644,10 +644,7 @@ impl DiskCache {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         let full = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
         let mut st = self.lock();
-        if let Some(p) = st.partials.remove(name) {
-            st.used = st.used.saturating_sub(p.meta.size);
-            store::remove_unfinished(&self.root, name);
-        }
+        st.drop_partial(name, self);
         st.failures += 1;
         if full {
             let limit = st.used / 10 * 9;
@@ -661,13 +658,7 @@ impl DiskCache {
             if self.enabled.swap(false, Ordering::Relaxed) {
                 warn!(failures = st.failures, limit = st.limit, "the disk cache keeps failing; it is turned off for this mount (reads go on from S3)");
             }
-            let names: Vec<String> = st.partials.keys().cloned().collect();
-            for n in names {
-                if let Some(p) = st.partials.remove(&n) {
-                    st.used = st.used.saturating_sub(p.meta.size);
-                    store::remove_unfinished(&self.root, &n);
-                }
-            }
+            st.drop_partials(self);
         }
     }
 
@@ -704,13 +695,7 @@ impl DiskCache {
             let _ = h.join();
         }
         let mut st = self.lock();
-        let names: Vec<String> = st.partials.keys().cloned().collect();
-        for n in names {
-            if let Some(p) = st.partials.remove(&n) {
-                st.used = st.used.saturating_sub(p.meta.size);
-                store::remove_unfinished(&self.root, &n);
-            }
-        }
+        st.drop_partials(self);
     }
 }
 
@@ -752,10 +737,22 @@ impl State {
             .min_by_key(|(_, p)| p.born)
             .map(|(n, _)| n.clone());
         if let Some(n) = oldest {
-            if let Some(p) = self.partials.remove(&n) {
-                self.used = self.used.saturating_sub(p.meta.size);
-                store::remove_unfinished(&cache.root, &n);
-            }
+            self.drop_partial(&n, cache);
+        }
+    }
+
+    /// Stop filling `name`: its reservation and its files go.
+    fn drop_partial(&mut self, name: &str, cache: &DiskCache) {
+        if let Some(p) = self.partials.remove(name) {
+            self.used = self.used.saturating_sub(p.meta.size);
+            store::remove_unfinished(&cache.root, name);
+        }
+    }
+
+    fn drop_partials(&mut self, cache: &DiskCache) {
+        let names: Vec<String> = self.partials.keys().cloned().collect();
+        for n in names {
+            self.drop_partial(&n, cache);
         }
     }
 }
@@ -777,8 +774,8 @@ mod tests {
     }
 
     /// Blocks the writer could not take (here: a queue of zero bytes drops every offer) are
-    /// fetched again once the reader has moved on, so the object is complete after one pass;
-    /// an object that changed in the meantime is given up.
+    /// fetched again once the reader has moved on, so the object is complete after one pass
+    /// (and its file is kept open); an object that changed in the meantime is given up.
     #[test]
     fn dropped_blocks_are_fetched_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -812,6 +809,15 @@ mod tests {
         let mut back = vec![0u8; size as usize];
         f.file.read_exact_at(&mut back, 0).unwrap();
         assert!(back == data, "the refilled object has other bytes");
+        // The complete entry keeps its file open, so an open of it needs no path lookup: it is
+        // served even with the file's name gone.
+        std::fs::remove_file(c.path(&c.name("k", "e1"), "data")).unwrap();
+        let again = c
+            .lookup("k", "e1", size)
+            .expect("not served from the kept file");
+        let mut back = vec![0u8; size as usize];
+        again.file.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == data);
         for i in 0..8 {
             c.offer("changed", "e1", 8 * bs, i, &data[..bs as usize]);
         }
