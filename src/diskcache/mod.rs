@@ -97,6 +97,9 @@ pub struct DiskStats {
     pub dropped: AtomicU64,
     pub errors: AtomicU64,
     pub passthrough_opens: AtomicU64,
+    /// Cache files registered with the kernel for passthrough (one per entry while it keeps
+    /// its file open, else one per inode's run of opens).
+    pub passthrough_registrations: AtomicU64,
 }
 
 struct Entry {
@@ -107,7 +110,13 @@ struct Entry {
     /// The data file, kept open (up to `fd_budget` entries) so that an open of the object
     /// needs no path lookup on the cache's file system (its inode stays in memory).
     file: Option<Arc<File>>,
+    /// What the user of the cache tied to the kept file (the file system: its FUSE passthrough
+    /// registration), dropped with the entry.
+    attached: Option<Attachment>,
 }
+
+/// Something tied to a kept cache file, living as long as its entry.
+pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
 
 struct Partial {
     meta: Meta,
@@ -184,6 +193,8 @@ pub struct DiskCache {
 pub struct CachedFile {
     pub file: Arc<File>,
     pub size: u64,
+    /// What `attach` tied to this very file, if anything.
+    pub attached: Option<Attachment>,
 }
 
 impl DiskCache {
@@ -240,6 +251,7 @@ impl DiskCache {
                     last_use: 0,
                     verified: false,
                     file: None,
+                    attached: None,
                 },
             );
         }
@@ -353,7 +365,7 @@ impl DiskCache {
             match st.entries.get_mut(&name) {
                 Some(e) if e.meta.is(&self.bucket, key, etag) && e.meta.size == size => {
                     e.last_use = clock;
-                    (e.verified, e.file.clone())
+                    (e.verified, e.file.clone().map(|f| (f, e.attached.clone())))
                 }
                 _ => {
                     self.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -361,9 +373,13 @@ impl DiskCache {
                 }
             }
         };
-        if let Some(file) = open.filter(|_| verified) {
+        if let Some((file, attached)) = open.filter(|_| verified) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            return Some(CachedFile { file, size });
+            return Some(CachedFile {
+                file,
+                size,
+                attached,
+            });
         }
         let path = self.path(&name, "data");
         let file = match File::open(&path) {
@@ -406,7 +422,38 @@ impl DiskCache {
             }
         }
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        Some(CachedFile { file, size })
+        Some(CachedFile {
+            file,
+            size,
+            attached: None,
+        })
+    }
+
+    /// Tie `thing` to the entry of `key` at `etag` for as long as the entry keeps `file` open
+    /// (it goes with the entry: evicted, dropped, or the cache closed). False, and `thing` not
+    /// kept, if the entry does not keep that file.
+    pub fn attach(&self, key: &str, etag: &str, file: &Arc<File>, thing: Attachment) -> bool {
+        let name = self.name(key, etag);
+        let mut st = self.lock();
+        match st.entries.get_mut(&name) {
+            Some(e) if e.file.as_ref().is_some_and(|f| Arc::ptr_eq(f, file)) => {
+                e.attached = Some(thing);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Let go of everything `attach` tied to entries (before the FUSE connection goes).
+    pub fn detach_all(&self) {
+        let taken: Vec<Attachment> = {
+            let mut st = self.lock();
+            st.entries
+                .values_mut()
+                .filter_map(|e| e.attached.take())
+                .collect()
+        };
+        drop(taken);
     }
 
     fn drop_entry(&self, name: &str) {
@@ -625,6 +672,7 @@ impl DiskCache {
                         last_use: clock,
                         verified: true,
                         file,
+                        attached: None,
                     },
                 );
                 self.stats.stored.fetch_add(1, Ordering::Relaxed);
@@ -671,7 +719,7 @@ impl DiskCache {
             (st.entries.len(), st.used, st.limit)
         };
         format!(
-            "disk_cache_hits={} disk_cache_misses={} disk_cache_stored={} disk_cache_evicted={} disk_cache_corrupt={} disk_cache_dropped={} disk_cache_errors={} disk_cache_entries={} disk_cache_bytes={} disk_cache_limit={} disk_cache_enabled={} passthrough_opens={}",
+            "disk_cache_hits={} disk_cache_misses={} disk_cache_stored={} disk_cache_evicted={} disk_cache_corrupt={} disk_cache_dropped={} disk_cache_errors={} disk_cache_entries={} disk_cache_bytes={} disk_cache_limit={} disk_cache_enabled={} passthrough_opens={} passthrough_registrations={}",
             g(&s.hits),
             g(&s.misses),
             g(&s.stored),
@@ -684,6 +732,7 @@ impl DiskCache {
             limit,
             u8::from(self.enabled()),
             g(&s.passthrough_opens),
+            g(&s.passthrough_registrations),
         )
     }
 
@@ -696,6 +745,8 @@ impl DiskCache {
         }
         let mut st = self.lock();
         st.drop_partials(self);
+        drop(st);
+        self.detach_all();
     }
 }
 
@@ -824,5 +875,56 @@ mod tests {
         assert!(wait_for(|| c.lock().partials.is_empty()), "not given up");
         assert!(!c.contains("changed", "e1"));
         c.close();
+    }
+
+    /// What is attached to an entry's kept file (the file system's passthrough registration)
+    /// comes back with every lookup of that file, and goes with the entry: evicted, or the
+    /// cache closed — never kept for a file the entry does not hold.
+    #[test]
+    fn attachments_live_and_die_with_their_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let bs: u64 = 64 << 10;
+        let c = DiskCache::open(dir.path(), 1 << 30, "bkt", bs).unwrap();
+        let data: Vec<u8> = (0..bs).map(|i| (i % 253) as u8).collect();
+        for key in ["a", "b"] {
+            c.offer(key, "e1", bs, 0, &data);
+            assert!(wait_for(|| c.contains(key, "e1")), "{key} never completed");
+        }
+        let a = c.lookup("a", "e1", bs).unwrap();
+        assert!(a.attached.is_none());
+        let thing: Attachment = Arc::new(7u32);
+        let weak = Arc::downgrade(&thing);
+        let other = Arc::new(File::open(c.path(&c.name("a", "e1"), "data")).unwrap());
+        assert!(
+            !c.attach("a", "e1", &other, thing.clone()),
+            "not the kept file"
+        );
+        assert!(
+            !c.attach("a", "e2", &a.file, thing.clone()),
+            "another version"
+        );
+        assert!(c.attach("a", "e1", &a.file, thing));
+        let again = c.lookup("a", "e1", bs).unwrap();
+        let got = again.attached.clone().unwrap().downcast::<u32>().unwrap();
+        assert_eq!(*got, 7);
+        drop((a, again, got));
+        assert!(weak.upgrade().is_some(), "dropped while its entry is there");
+        {
+            let mut st = c.lock();
+            st.clock += 1;
+            let clock = st.clock;
+            st.entries.get_mut(&c.name("b", "e1")).unwrap().last_use = clock;
+            let keep = st.used - bs;
+            assert!(st.evict_to(keep, &c));
+        }
+        assert!(!c.contains("a", "e1"));
+        assert!(weak.upgrade().is_none(), "outlived its evicted entry");
+        let b = c.lookup("b", "e1", bs).unwrap();
+        let thing: Attachment = Arc::new(8u32);
+        let weak = Arc::downgrade(&thing);
+        assert!(c.attach("b", "e1", &b.file, thing));
+        drop(b);
+        c.close();
+        assert!(weak.upgrade().is_none(), "outlived the cache's close");
     }
 }

@@ -96,7 +96,8 @@ struct DiskFile {
     key: String,
     etag: String,
     cached: CachedFile,
-    backing: Option<Arc<BackingId>>,
+    /// Served by the kernel (counted in PassState::live).
+    passthrough: bool,
     /// Opened in the kernel's cached mode (counted in PassState::cached).
     cached_mode: bool,
 }
@@ -105,10 +106,17 @@ struct DiskFile {
 /// kernel refuses to mix the two on one inode.
 #[derive(Default)]
 struct PassState {
-    /// Inode → (ETag, backing file registration) while a passthrough handle is open.
-    backings: HashMap<u64, (String, std::sync::Weak<BackingId>)>,
+    /// Inode → the backing file its open passthrough handles use (the kernel takes one per
+    /// inode at a time).
+    live: HashMap<u64, LivePassthrough>,
     /// Inode → read handles open in the kernel's cached (page cache) mode.
     cached: HashMap<u64, usize>,
+}
+
+struct LivePassthrough {
+    etag: String,
+    backing: Arc<BackingId>,
+    handles: usize,
 }
 
 /// What `do_open` decided; `open` sends it.
@@ -245,12 +253,15 @@ impl S3Fs {
         self.pass.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The backing registration for a passthrough open of `ino` at `etag`: the one already
-    /// open for the inode (the kernel wants one per inode), or a new one. None when the kernel
-    /// cannot take it now (the inode is open in cached mode, or by another version).
+    /// The backing registration for a passthrough open of `ino` (`key` at `etag`), counted as
+    /// one more passthrough handle: the one the inode's open handles use (the kernel takes one
+    /// per inode), else the one tied to the cache entry, else a new one (tied to the entry if
+    /// it keeps its file open, so the next epoch's open costs no registration). None when the
+    /// kernel cannot take it now (the inode is open in cached mode, or by another version).
     fn backing_for(
         &self,
         ino: u64,
+        key: &str,
         etag: &str,
         cached: &CachedFile,
         reply: &ReplyOpen,
@@ -262,23 +273,55 @@ impl S3Fs {
         if pass.cached.get(&ino).copied().unwrap_or(0) > 0 {
             return None;
         }
-        if let Some((e, weak)) = pass.backings.get(&ino) {
-            if let Some(b) = weak.upgrade() {
-                return (e == etag).then_some(b);
+        if let Some(live) = pass.live.get_mut(&ino) {
+            if live.etag != etag {
+                return None;
             }
+            live.handles += 1;
+            return Some(live.backing.clone());
         }
-        match reply.open_backing(&cached.file) {
-            Ok(id) => {
-                let b = Arc::new(id);
-                pass.backings
-                    .insert(ino, (etag.to_string(), Arc::downgrade(&b)));
-                Some(b)
-            }
-            Err(e) => {
-                if self.passthrough.swap(false, Ordering::Relaxed) {
-                    warn!(error = %e, "FUSE passthrough is not available (it needs Linux 6.9+ and CAP_SYS_ADMIN); files in the disk cache are served by the daemon instead");
+        let tied = cached
+            .attached
+            .clone()
+            .and_then(|a| a.downcast::<BackingId>().ok());
+        let backing = match tied {
+            Some(b) => b,
+            None => match reply.open_backing(&cached.file) {
+                Ok(id) => {
+                    let b = Arc::new(id);
+                    if let Some(d) = &self.disk {
+                        d.stats
+                            .passthrough_registrations
+                            .fetch_add(1, Ordering::Relaxed);
+                        d.attach(key, etag, &cached.file, b.clone());
+                    }
+                    b
                 }
-                None
+                Err(e) => {
+                    if self.passthrough.swap(false, Ordering::Relaxed) {
+                        warn!(error = %e, "FUSE passthrough is not available (it needs Linux 6.9+ and CAP_SYS_ADMIN); files in the disk cache are served by the daemon instead");
+                    }
+                    return None;
+                }
+            },
+        };
+        pass.live.insert(
+            ino,
+            LivePassthrough {
+                etag: etag.to_string(),
+                backing: backing.clone(),
+                handles: 1,
+            },
+        );
+        Some(backing)
+    }
+
+    fn release_passthrough(&self, ino: u64) {
+        let mut pass = self.lock_pass();
+        if let Some(live) = pass.live.get_mut(&ino) {
+            live.handles -= 1;
+            if live.handles == 0 {
+                pass.live.remove(&ino);
             }
         }
     }
@@ -288,10 +331,7 @@ impl S3Fs {
     /// nothing to do at close: FOPEN_NOFLUSH spares the kernel the FLUSH round trip.
     fn read_open_flags(&self, ino: u64, keep_cache: bool) -> (FopenFlags, bool) {
         let mut pass = self.lock_pass();
-        let passthrough_live = pass
-            .backings
-            .get(&ino)
-            .is_some_and(|(_, w)| w.strong_count() > 0);
+        let passthrough_live = pass.live.contains_key(&ino);
         if self.cfg.direct_io || passthrough_live {
             return (
                 FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
@@ -626,7 +666,8 @@ impl S3Fs {
             .and_then(|d| d.lookup(&inode.key, &stat.etag, stat.size))
         {
             let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-            let backing = reply.and_then(|r| self.backing_for(ino, &stat.etag, &cached, r));
+            let backing =
+                reply.and_then(|r| self.backing_for(ino, &inode.key, &stat.etag, &cached, r));
             let (flags, cached_mode) = match &backing {
                 Some(_) => (FopenFlags::FOPEN_NOFLUSH, false),
                 None => self.read_open_flags(ino, keep_cache),
@@ -635,7 +676,7 @@ impl S3Fs {
                 key: inode.key.to_string(),
                 etag: stat.etag.to_string(),
                 cached,
-                backing: backing.clone(),
+                passthrough: backing.is_some(),
                 cached_mode,
             };
             self.lock_files()
@@ -951,6 +992,11 @@ impl fuser::Filesystem for S3Fs {
         // No handle can be used again: let go of their cache blocks and write buffers.
         self.lock_files().clear();
         self.lock_dirs().clear();
+        // Passthrough registrations go while the FUSE connection can still take them back.
+        self.lock_pass().live.clear();
+        if let Some(d) = &self.disk {
+            d.detach_all();
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -1043,12 +1089,10 @@ impl fuser::Filesystem for S3Fs {
                 if d.cached_mode {
                     self.release_cached_mode(*ino);
                 }
-                debug!(
-                    ino,
-                    key = d.key,
-                    passthrough = d.backing.is_some(),
-                    "released"
-                );
+                if d.passthrough {
+                    self.release_passthrough(*ino);
+                }
+                debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
             None => {}

@@ -103,6 +103,18 @@ fn the_second_epoch_is_served_from_local_files_by_the_kernel() {
         "passthrough not used: {stats}"
     );
     assert_eq!(fuse_reads(&m), reads, "epoch 2 READs reached the daemon");
+    // The kernel's registration of each cache file outlives the opens: a third epoch registers
+    // nothing new (each open of epoch 2 and 3 costs one round trip, no ioctls).
+    let registered = stat_value(&stats, "passthrough_registrations");
+    assert_eq!(registered, files.len() as u64, "{stats}");
+    epoch(&m, &files);
+    let stats = mount_stats(&m.path);
+    assert_eq!(
+        stat_value(&stats, "passthrough_registrations"),
+        registered,
+        "{stats}"
+    );
+    assert!(stat_value(&stats, "passthrough_opens") >= 2 * files.len() as u64);
     // A file the kernel reads itself from the cache reports the cache file system's preferred
     // I/O size (readers size their buffers by it), not the daemon's 1 MiB. (Past the 1 s
     // metadata TTL, so the kernel asks for the attributes again.)
@@ -243,19 +255,7 @@ fn a_full_disk_turns_the_cache_off_and_reads_never_fail() {
     let b = bucket("dc-full");
     let files = dataset(&b, "", 10, 12 << 20, 600);
     let dir = cache_dir("full");
-    let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=160m", "tmpfs"])
-        .arg(&dir)
-        .status()
-        .unwrap();
-    assert!(status.success(), "cannot mount a tmpfs for the cache");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(dir.clone());
+    let _guard = tmpfs(&dir, "160m");
     let m = mount_with(&b, &dir, &["--cache-dir-size", "150MiB"]);
     // Someone else takes most of the space after the mount sized its cache.
     let filler = dir.join("filler");
@@ -269,6 +269,78 @@ fn a_full_disk_turns_the_cache_off_and_reads_never_fail() {
     assert!(stat_value(&stats, "disk_cache_errors") >= 1, "{stats}");
     let log = m.stop();
     assert!(log.contains("full"), "no warning about the full disk");
+}
+
+/// A tmpfs of `size` mounted on `dir` until the guard goes.
+fn tmpfs(dir: &Path, size: &str) -> impl Drop {
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cannot mount a tmpfs for the cache");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    Unmount(dir.to_path_buf())
+}
+
+/// Drop the kernel's cached pages of `path`, so that its next read reaches the daemon.
+fn forget_pages(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise {}", path.display());
+}
+
+/// Bytes in use on the file system of `dir`.
+fn used_bytes(dir: &Path) -> u64 {
+    let out = Command::new("df")
+        .args(["--output=used", "-B1"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+// [S-DISK-EVICT]
+/// Entries served by passthrough keep their kernel registration between opens, but an evicted
+/// entry gives its space back: the kernel's hold on the file goes with the entry.
+#[test]
+fn evicted_passthrough_entries_give_their_space_back() {
+    let b = bucket("dc-evict");
+    let files = dataset(&b, "", 10, 12 << 20, 900);
+    let dir = cache_dir("evict");
+    let _guard = tmpfs(&dir, "200m");
+    let m = mount_with(&b, &dir, &["--cache-dir-size", "64MiB"]);
+    // Five 12 MiB objects fit in 64 MiB: the last five read stay.
+    epoch(&m, &files);
+    wait_stored(&m, 10);
+    epoch(&m, &files[5..]);
+    let stats = mount_stats(&m.path);
+    assert!(
+        stat_value(&stats, "passthrough_registrations") >= 5,
+        "{stats}"
+    );
+    // The first five come back from S3 (the kernel's pages of them dropped first) and push
+    // those five out.
+    for (k, _) in &files[..5] {
+        forget_pages(&m.join(k));
+    }
+    epoch(&m, &files[..5]);
+    wait_stored(&m, 15);
+    let stats = mount_stats(&m.path);
+    assert!(stat_value(&stats, "disk_cache_evicted") >= 10, "{stats}");
+    let used = used_bytes(&dir);
+    assert!(
+        used <= 64 << 20,
+        "{used} bytes still used on a 64 MiB cache: evicted files are held open; {stats}"
+    );
+    epoch(&m, &files);
 }
 
 // [S-DISK-WARM]
