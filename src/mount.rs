@@ -33,6 +33,7 @@ pub fn run(settings: Settings) -> ! {
     if let Err(msg) = logging::init(&settings.log_level, &log_target) {
         readiness.fail(&msg);
     }
+    raise_fd_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .thread_name("s3rdma-io")
@@ -281,6 +282,40 @@ pub fn run(settings: Settings) -> ! {
 }
 
 /// Replace `path` (atomically, by rename) with the counters, one `name value` per line.
+/// Raise the soft limit on open files to the hard one, as Go and systemd's own daemons do (the
+/// soft limit is often 1024, for select(), which the daemon does not use): the disk cache keeps
+/// up to a quarter of the limit open, one file per entry.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
+        || lim.rlim_cur >= lim.rlim_max
+    {
+        return;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: lim.rlim_max,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        info!(
+            from = lim.rlim_cur,
+            to = lim.rlim_max,
+            "raised the open-file limit to its hard limit"
+        );
+    } else {
+        warn!(
+            limit = lim.rlim_cur,
+            error = %std::io::Error::last_os_error(),
+            "cannot raise the open-file limit"
+        );
+    }
+}
+
 fn write_stats(path: &std::path::Path, summary: &str) {
     let text: String = summary
         .split_whitespace()

@@ -358,11 +358,26 @@ impl Mount {
 
     /// Mount through another endpoint (e.g. the loopback RDMA endpoint).
     pub fn new_at(endpoint: &str, source: &str, extra: &[&str]) -> Mount {
+        Mount::new_under(&[], endpoint, source, extra)
+    }
+
+    /// Mount with the binary started by `wrapper` (e.g. `prlimit --nofile=...`), which must
+    /// exec it (the daemon keeps the child's PID).
+    pub fn new_under(wrapper: &[&str], endpoint: &str, source: &str, extra: &[&str]) -> Mount {
         let path = mountpoint();
         let log = path.with_extension("log");
         let _ = std::fs::remove_file(&log);
         let stderr = std::fs::File::create(path.with_extension("stderr")).expect("stderr file");
-        let child = s3rdma()
+        let mut cmd = s3rdma();
+        if let Some((program, args)) = wrapper.split_first() {
+            let envs: Vec<_> = cmd
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+                .collect();
+            cmd = Command::new(program);
+            cmd.env_clear().envs(envs).args(args).arg(bin());
+        }
+        let child = cmd
             .arg(source)
             .arg(&path)
             .args([

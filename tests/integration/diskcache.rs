@@ -343,6 +343,42 @@ fn evicted_passthrough_entries_give_their_space_back() {
     epoch(&m, &files);
 }
 
+/// The daemon raises its soft open-file limit to the hard one, so a start with the common soft
+/// limit of 1024 still keeps more than 256 entries' files open (a quarter of the limit).
+#[test]
+fn the_open_file_limit_is_raised_so_entries_keep_their_files() {
+    let b = bucket("dc-nofile");
+    let keys: Vec<String> = (0..300).map(|i| format!("s/{i:03}")).collect();
+    put_many(&b, keys.clone(), b"a small object of the dataset");
+    let dir = cache_dir("nofile");
+    let m = Mount::new_under(
+        &["prlimit", "--nofile=1024:8192"],
+        &server().endpoint,
+        &b,
+        &["--cache-dir", dir.to_str().unwrap()],
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", m.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        line.split_whitespace().nth(3),
+        Some("8192"),
+        "soft limit not raised: {line}"
+    );
+    for k in &keys {
+        std::fs::read(m.join(k)).unwrap();
+    }
+    wait_stored(&m, keys.len() as u64);
+    let kept = std::fs::read_dir(format!("/proc/{}/fd", m.pid()))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.starts_with(&dir) && p.extension().is_some_and(|e| e == "data"))
+        .count();
+    assert_eq!(kept, keys.len(), "cache files kept open");
+}
+
 // [S-DISK-WARM]
 /// `s3rdma warm DIR` reads every file once (progress on stderr), after which each is in the
 /// disk cache; a second run has nothing to do; a path off such a mount is a clear error.
