@@ -281,10 +281,10 @@ pub fn run(settings: Settings) -> ! {
     std::process::exit(if result.is_err() || aborted > 0 { 1 } else { 0 })
 }
 
-/// Replace `path` (atomically, by rename) with the counters, one `name value` per line.
-/// Raise the soft limit on open files to the hard one, as Go and systemd's own daemons do (the
-/// soft limit is often 1024, for select(), which the daemon does not use): the disk cache keeps
-/// up to a quarter of the limit open, one file per entry.
+/// Raise the soft limit on open files to the hard one, as Go programs do and systemd advises for
+/// programs that need many (the soft limit is often 1024, kept low for select(), which the
+/// daemon does not use): the disk cache keeps up to a quarter of the limit open, one file per
+/// entry.
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -316,6 +316,7 @@ fn raise_fd_limit() {
     }
 }
 
+/// Replace `path` (atomically, by rename) with the counters, one `name value` per line.
 fn write_stats(path: &std::path::Path, summary: &str) {
     let text: String = summary
         .split_whitespace()
