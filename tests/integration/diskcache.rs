@@ -292,6 +292,7 @@ fn tmpfs(dir: &Path, size: &str) -> impl Drop {
 fn forget_pages(path: &Path) {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid open descriptor; posix_fadvise touches no memory of ours.
     let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(rc, 0, "posix_fadvise {}", path.display());
 }
