@@ -16,5 +16,6 @@ echo "== benchmark smoke run (scripts/bench --quick: keeps the suite working; nu
 quick=$(mktemp -d /tmp/s3rdma-bench-quick.XXXXXX)
 scripts/bench --quick --out "$quick/quick.md"
 rm -rf "$quick"
-echo "== cargo test"
+echo "== cargo test (the integration tests run the binaries of two crates: build them first)"
+cargo build --workspace --release --locked --bins
 cargo test --workspace --release --locked

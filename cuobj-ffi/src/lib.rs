@@ -3,9 +3,8 @@
 //! One client per process ([`client`]); memory is registered ([`Registration`], deregistered on
 //! drop) and tokens are minted for sub-ranges of a registration ([`Token`], freed on drop). The
 //! provider is chosen at build time: NVIDIA's libcuobjclient when its SDK is found, else the
-//! project's loopback implementation (see [`loopback`]), with the same API.
-
-pub mod loopback;
+//! project's loopback implementation (its token format is `s3rdma_proto::loopback_token`), with
+//! the same API.
 
 use std::ffi::CStr;
 use std::fmt;
@@ -528,7 +527,7 @@ mod tests {
         assert!(s
             .chars()
             .all(|c| c == ':' || c.is_ascii_digit() || ('a'..='f').contains(&c)));
-        let parsed = loopback::LoopbackToken::parse(s).expect("parse");
+        let parsed = s3rdma_proto::loopback_token::LoopbackToken::parse(s).expect("parse");
         assert_eq!(parsed.addr, reg.as_ptr() as u64 + 4096);
         assert_eq!(parsed.size, 8192);
         assert_eq!(parsed.pid, std::process::id());

@@ -5,9 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "../../cuobj-ffi/src/loopback.rs"]
-mod loopback;
+use s3rdma_proto::loopback_token as loopback;
 
 fuzz_target!(|data: &[u8]| {
     let s = String::from_utf8_lossy(data);

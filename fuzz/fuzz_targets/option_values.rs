@@ -5,9 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "../../src/cli/units.rs"]
-mod units;
+use s3rdma_proto::units;
 
 use units::*;
 

@@ -6,9 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "../../src/rdma/reply.rs"]
-mod reply;
+use s3rdma_proto::reply;
 
 use reply::*;
 

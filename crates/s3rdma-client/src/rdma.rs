@@ -1,0 +1,237 @@
+//! Payload moves over S3-over-RDMA (cuObject): the token interceptor, the RDMA GET and PUT, and
+//! the fallback to HTTP when the endpoint declines.
+//!
+//! Request rules: `x-amz-rdma-token` is added before SigV4 signing, and a fresh token is minted
+//! for every attempt (retries re-sign); the body is empty with `Content-Length: 0` and
+//! `x-amz-content-sha256: UNSIGNED-PAYLOAD`; the SDK's own checksums run only "when required";
+//! PUT carries `x-amz-checksum-crc64nvme` of the real payload.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_s3::config::interceptors::{
+    BeforeDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextMut,
+};
+use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_smithy_runtime_api::box_error::BoxError;
+use cuobj_ffi::{Op, OwnedToken, Registration};
+
+use s3rdma_proto::reply::{self, Verdict, BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER};
+
+/// `rdma=` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RdmaMode {
+    /// Never mint tokens: plain HTTP.
+    Off,
+    /// Use RDMA; when the endpoint declines, move that request over HTTP and count it.
+    #[default]
+    Auto,
+    /// Use RDMA; a decline is an error.
+    Required,
+}
+
+impl std::str::FromStr for RdmaMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(RdmaMode::Off),
+            "auto" => Ok(RdmaMode::Auto),
+            "required" => Ok(RdmaMode::Required),
+            other => Err(format!(
+                "rdma mode {other:?} is not one of off, auto, required"
+            )),
+        }
+    }
+}
+
+/// Counters of the data plane, readable by the user.
+#[derive(Debug, Default)]
+pub struct TransportStats {
+    pub rdma_bytes_read: AtomicU64,
+    pub rdma_bytes_written: AtomicU64,
+    pub http_bytes_read: AtomicU64,
+    pub http_bytes_written: AtomicU64,
+    pub tokens_minted: AtomicU64,
+    pub declines: AtomicU64,
+    pub fallbacks: AtomicU64,
+    pub reply_errors: AtomicU64,
+    /// S3 requests sent and not yet answered (a gauge).
+    pub requests_in_flight: AtomicU64,
+    /// Whether the first decline has been logged at WARN (later ones log at DEBUG).
+    pub warned_decline: std::sync::atomic::AtomicBool,
+}
+
+/// One S3 request under way: counted in `requests_in_flight` until dropped.
+pub struct RequestTimer {
+    pub start: std::time::Instant,
+    stats: Arc<TransportStats>,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        self.stats
+            .requests_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl TransportStats {
+    /// A request starts now.
+    pub fn request(self: &Arc<Self>) -> RequestTimer {
+        self.requests_in_flight.fetch_add(1, Ordering::Relaxed);
+        RequestTimer {
+            start: std::time::Instant::now(),
+            stats: self.clone(),
+        }
+    }
+
+    /// The endpoint declined RDMA for one request: counted; an error under `rdma=required`,
+    /// else a fallback to HTTP (counted and logged).
+    pub fn decline(
+        &self,
+        mode: RdmaMode,
+        op: &'static str,
+        key: &str,
+    ) -> Result<(), crate::S3Error> {
+        Self::add(&self.declines, 1);
+        if mode == RdmaMode::Required {
+            return Err(crate::S3Error::new(
+                crate::S3ErrorKind::RdmaDeclined,
+                op,
+                key,
+                "the endpoint declined RDMA (x-amz-rdma-reply 501 or none) and rdma=required; use rdma=auto to fall back to HTTP",
+            ));
+        }
+        Self::add(&self.fallbacks, 1);
+        tracing::warn!(
+            op,
+            key,
+            "endpoint declined RDMA; moving this request over HTTP"
+        );
+        Ok(())
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// One line for logs: `rdma_read=… http_read=… …`.
+    pub fn summary(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "rdma_bytes_read={} rdma_bytes_written={} http_bytes_read={} http_bytes_written={} tokens={} declines={} fallbacks={} reply_errors={} requests_in_flight={}",
+            g(&self.rdma_bytes_read),
+            g(&self.rdma_bytes_written),
+            g(&self.http_bytes_read),
+            g(&self.http_bytes_written),
+            g(&self.tokens_minted),
+            g(&self.declines),
+            g(&self.fallbacks),
+            g(&self.reply_errors),
+            g(&self.requests_in_flight),
+        )
+    }
+}
+
+/// What the interceptor saw of the last attempt's response.
+#[derive(Debug, Default, Clone)]
+pub struct ReplySeen {
+    pub status: u16,
+    pub reply: Option<String>,
+    pub bytes: Option<String>,
+    pub etag: Option<String>,
+}
+
+/// Mints a fresh token for every attempt (before signing) and records the RDMA reply headers.
+#[derive(Debug)]
+pub struct TokenInterceptor {
+    reg: Arc<Registration>,
+    offset: usize,
+    len: usize,
+    op: Op,
+    stats: Arc<TransportStats>,
+    token: Mutex<Option<OwnedToken>>,
+    seen: Arc<Mutex<ReplySeen>>,
+}
+
+impl TokenInterceptor {
+    pub fn new(
+        reg: Arc<Registration>,
+        offset: usize,
+        len: usize,
+        op: Op,
+        stats: Arc<TransportStats>,
+        seen: Arc<Mutex<ReplySeen>>,
+    ) -> Self {
+        TokenInterceptor {
+            reg,
+            offset,
+            len,
+            op,
+            stats,
+            token: Mutex::new(None),
+            seen,
+        }
+    }
+}
+
+impl Intercept for TokenInterceptor {
+    fn name(&self) -> &'static str {
+        "S3rdmaRdmaToken"
+    }
+
+    fn modify_before_signing(
+        &self,
+        context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        // The payload is not signed (the body is empty; the bytes move over RDMA).
+        cfg.interceptor_state()
+            .store_put(aws_runtime::auth::PayloadSigningOverride::unsigned_payload());
+        let mut slot = self.token.lock().unwrap_or_else(|e| e.into_inner());
+        // The previous attempt's token is released before the next one is minted.
+        drop(slot.take());
+        let token = OwnedToken::mint(&self.reg, self.offset, self.len, self.op)?;
+        TransportStats::add(&self.stats.tokens_minted, 1);
+        let headers = context.request_mut().headers_mut();
+        headers.insert(TOKEN_HEADER, token.as_str().to_string());
+        headers.insert("content-length", "0");
+        headers.remove("content-md5");
+        *slot = Some(token);
+        Ok(())
+    }
+
+    fn read_before_deserialization(
+        &self,
+        context: &BeforeDeserializationInterceptorContextRef<'_>,
+        _rc: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let r = context.response();
+        let h = r.headers();
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = ReplySeen {
+            status: r.status().as_u16(),
+            reply: h.get(REPLY_HEADER).map(str::to_string),
+            bytes: h.get(BYTES_HEADER).map(str::to_string),
+            etag: h.get("etag").map(str::to_string),
+        };
+        Ok(())
+    }
+}
+
+/// Judge what the interceptor recorded for a GET of `asked` bytes.
+pub fn judge_get(seen: &ReplySeen, asked: u64, accept_ceph: bool) -> Verdict {
+    reply::judge_get(
+        seen.status,
+        seen.reply.as_deref(),
+        seen.bytes.as_deref(),
+        asked,
+        accept_ceph,
+    )
+}
+
+/// Judge what the interceptor recorded for a PUT / UploadPart.
+pub fn judge_put(seen: &ReplySeen) -> Verdict {
+    reply::judge_put(seen.status, seen.reply.as_deref(), seen.etag.as_deref())
+}

@@ -1,0 +1,1384 @@
+//! The FUSE filesystem: maps kernel requests onto the inode table, listings and object readers.
+//!
+//! FUSE worker threads (`--max-threads`) call in concurrently; each blocks on the tokio runtime
+//! for its S3 requests, while read-ahead runs as tasks on that runtime.
+
+pub mod control;
+pub mod dir;
+pub mod inode;
+pub mod names;
+pub mod namespace;
+pub mod probe;
+pub mod write;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use fuser::{
+    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tokio::runtime::Handle;
+use tracing::{debug, debug_span, info, warn};
+
+use crate::cache::Cache;
+use crate::diskcache::{CachedFile, DiskCache};
+use crate::read::{ObjectReader, ReadConfig, ReadData};
+use crate::upload::Uploader;
+use dir::{DirBuilder, Listed};
+use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
+use probe::Probe;
+use s3rdma_client::{FileMeta, ObjectStore, S3Error, S3ErrorKind};
+
+/// Filesystem-level settings from the command line.
+#[derive(Clone, Debug)]
+pub struct FsConfig {
+    pub uid: u32,
+    pub gid: u32,
+    pub file_mode: u16,
+    pub dir_mode: u16,
+    /// How long attributes and directory entries are trusted (ours and the kernel's).
+    pub metadata_ttl: Duration,
+    /// How long "no such key" is remembered.
+    pub negative_ttl: Duration,
+    pub read: ReadConfig,
+    /// Open files with FOPEN_DIRECT_IO: no kernel page cache, every read reaches the daemon.
+    pub direct_io: bool,
+    /// Refuse every write (the kernel mount is read-only too).
+    pub read_only: bool,
+    /// Ask HeadObject for a file's stored attributes (mode, owner, mtime) when a lookup finds
+    /// a version whose attributes are not known yet.
+    pub file_metadata: bool,
+    /// `mkdir` stores a `dir/` marker object (else the directory lives in this mount until
+    /// something is written in it).
+    pub dir_markers: bool,
+    /// Objects above this size are copied (rename, attribute changes) with UploadPartCopy.
+    pub multipart_copy_threshold: u64,
+    /// `open` uses attributes younger than `metadata_ttl` (from a lookup or a listing) instead
+    /// of asking S3 again: for data that does not change while mounted.
+    pub open_trusts_metadata: bool,
+}
+
+/// How old an answer about the key (lookup or HeadObject) may be for `open` to use it instead
+/// of asking again.
+const OPEN_REVALIDATE_WINDOW: Duration = Duration::from_millis(100);
+
+/// Block size reported by `statfs` (and the unit of its block counts).
+const BLOCK_SIZE: u32 = 4096;
+/// The preferred I/O size `stat` reports (`st_blksize`) for a file the daemon serves: `cp`,
+/// `cat` and stdio size their buffers by it, and 1 MiB writes cost an eighth of the FUSE
+/// requests of the usual 128 KiB. (A file the kernel reads itself from the disk cache reports
+/// the cache file system's size instead: see `S3Fs::io_size`.)
+const IO_SIZE: u32 = 1 << 20;
+/// The extended attribute of the mount's root that holds the live counters
+/// (`s3rdma stats MOUNTPOINT` reads it).
+pub use s3rdma_proto::xattr::STATS as STATS_XATTR;
+
+/// Keys under one prefix that we log as hidden, at most once each.
+const HIDDEN_LOG_CAPACITY: u64 = 100_000;
+
+// Each lives in its own Arc: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum OpenFile<S: ObjectStore> {
+    Read(u64, ObjectReader<S>),
+    Write(u64, write::WriteFile<S>),
+    /// Served from the disk cache: by the kernel when `backing` is set (passthrough), else by
+    /// `pread` here.
+    Disk(u64, DiskFile),
+}
+
+struct DiskFile {
+    key: String,
+    etag: String,
+    cached: CachedFile,
+    /// Served by the kernel (counted in PassState::live).
+    passthrough: bool,
+    /// Opened in the kernel's cached mode (counted in PassState::cached).
+    cached_mode: bool,
+}
+
+/// Which inodes the kernel serves by passthrough, and which are open in its cached mode: the
+/// kernel refuses to mix the two on one inode.
+#[derive(Default)]
+struct PassState {
+    /// Inode → the backing file its open passthrough handles use (the kernel takes one per
+    /// inode at a time).
+    live: HashMap<u64, LivePassthrough>,
+    /// Inode → read handles open in the kernel's cached (page cache) mode.
+    cached: HashMap<u64, usize>,
+}
+
+struct LivePassthrough {
+    etag: String,
+    backing: Arc<BackingId>,
+    handles: usize,
+}
+
+/// What `do_open` decided; `open` sends it.
+enum Opened {
+    Plain(u64, FopenFlags),
+    Passthrough(u64, FopenFlags, Arc<BackingId>),
+}
+
+struct OpenDir {
+    entries: Mutex<Option<Arc<DirOut>>>,
+}
+
+/// What `readdir` hands out for one open directory: its entries, and how long the kernel may
+/// trust them (what is left of the listing's TTL).
+#[derive(Default)]
+struct DirOut {
+    entries: Vec<DirEntryOut>,
+    ttl: Duration,
+}
+
+struct DirEntryOut {
+    name: String,
+    attr: FileAttr,
+}
+
+pub struct S3Fs<S: ObjectStore> {
+    rt: Handle,
+    s3: S,
+    cache: Arc<Cache<S>>,
+    cfg: FsConfig,
+    inodes: InodeTable,
+    negative: Option<moka::sync::Cache<String, ()>>,
+    /// Complete listings, reused within the metadata TTL.
+    listings: dir::ListingCache,
+    hidden_logged: moka::sync::Cache<String, ()>,
+    files: control::FileTable<S>,
+    /// Set once the mount is shutting down: no new files are opened for writing.
+    closing: Arc<AtomicBool>,
+    aborted: Arc<std::sync::atomic::AtomicUsize>,
+    /// Files being written in this mount, by inode.
+    writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
+    /// None on a read-only mount (no write buffers at all).
+    uploader: Option<Arc<Uploader<S>>>,
+    dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
+    /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
+    local_dirs: Mutex<std::collections::HashSet<u64>>,
+    /// Mode, owner and times set on directories (kept for the life of the mount).
+    dir_attrs: Mutex<HashMap<u64, FileMeta>>,
+    next_fh: AtomicU64,
+    /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
+    exact_probes: AtomicBool,
+    notifier: Arc<OnceLock<Notifier>>,
+    mount_time: SystemTime,
+    /// The local disk cache (`--cache-dir`).
+    disk: Option<Arc<DiskCache>>,
+    /// Passthrough asked for (`--cache-dir` without `--no-passthrough`), and granted by the
+    /// kernel at init (cleared if registering a backing file fails).
+    passthrough_wanted: bool,
+    passthrough: AtomicBool,
+    pass: Mutex<PassState>,
+}
+
+type FsResult<T> = Result<T, Errno>;
+
+fn errno(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// `root_prefix` is the normalised mount prefix ("" or ending in "/"). `notifier` is filled in
+    /// once the session exists; until then no invalidation is sent.
+    pub fn new(
+        rt: Handle,
+        s3: S,
+        cache: Arc<Cache<S>>,
+        root_prefix: &str,
+        cfg: FsConfig,
+        notifier: Arc<OnceLock<Notifier>>,
+        uploader: Option<Arc<Uploader<S>>>,
+    ) -> Self {
+        let negative = (!cfg.negative_ttl.is_zero()).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(cfg.negative_ttl)
+                .build()
+        });
+        S3Fs {
+            rt,
+            s3,
+            cache,
+            inodes: InodeTable::new(root_prefix),
+            negative,
+            listings: dir::ListingCache::new(cfg.metadata_ttl),
+            hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
+            files: Arc::new(Mutex::new(HashMap::new())),
+            closing: Arc::new(AtomicBool::new(false)),
+            aborted: Default::default(),
+            writing: Mutex::new(HashMap::new()),
+            uploader,
+            dirs: Mutex::new(HashMap::new()),
+            local_dirs: Mutex::new(Default::default()),
+            dir_attrs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            exact_probes: AtomicBool::new(false),
+            notifier,
+            mount_time: SystemTime::now(),
+            cfg,
+            disk: None,
+            passthrough_wanted: false,
+            passthrough: AtomicBool::new(false),
+            pass: Mutex::new(PassState::default()),
+        }
+    }
+
+    /// Serve and fill the disk cache; `passthrough`: let the kernel read cached files itself.
+    pub fn set_disk_cache(&mut self, disk: Arc<DiskCache>, passthrough: bool) {
+        // Blocks the cache had to drop (its disk fell behind the reads) are fetched again by
+        // its writer, pinned to the same ETag.
+        let (s3, rt) = (self.s3.clone(), self.rt.clone());
+        disk.set_fetch(Box::new(move |key, etag, offset, buf| {
+            rt.block_on(s3.get_range_into(key, etag, offset, buf))
+                .map_err(|e| match e.kind {
+                    S3ErrorKind::NotFound | S3ErrorKind::PreconditionFailed => {
+                        crate::diskcache::FetchError::Changed
+                    }
+                    _ => crate::diskcache::FetchError::Failed,
+                })
+        }));
+        self.disk = Some(disk);
+        self.passthrough_wanted = passthrough;
+    }
+
+    fn lock_pass(&self) -> std::sync::MutexGuard<'_, PassState> {
+        self.pass.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The backing registration for a passthrough open of `ino` (`key` at `etag`), counted as
+    /// one more passthrough handle: the one the inode's open handles use (the kernel takes one
+    /// per inode), else the one tied to the cache entry, else a new one (tied to the entry if
+    /// it keeps its file open, so the next epoch's open costs no registration). None when the
+    /// kernel cannot take it now (the inode is open in cached mode, or by another version).
+    fn backing_for(
+        &self,
+        ino: u64,
+        key: &str,
+        etag: &str,
+        cached: &CachedFile,
+        reply: &ReplyOpen,
+    ) -> Option<Arc<BackingId>> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut pass = self.lock_pass();
+        if pass.cached.get(&ino).copied().unwrap_or(0) > 0 {
+            return None;
+        }
+        if let Some(live) = pass.live.get_mut(&ino) {
+            if live.etag != etag {
+                return None;
+            }
+            live.handles += 1;
+            return Some(live.backing.clone());
+        }
+        let tied = cached
+            .attached
+            .clone()
+            .and_then(|a| a.downcast::<BackingId>().ok());
+        let backing = match tied {
+            Some(b) => b,
+            None => match reply.open_backing(&cached.file) {
+                Ok(id) => {
+                    let b = Arc::new(id);
+                    if let Some(d) = &self.disk {
+                        d.stats
+                            .passthrough_registrations
+                            .fetch_add(1, Ordering::Relaxed);
+                        d.attach(key, etag, &cached.file, b.clone());
+                    }
+                    b
+                }
+                Err(e) => {
+                    if self.passthrough.swap(false, Ordering::Relaxed) {
+                        warn!(error = %e, "FUSE passthrough is not available (it needs Linux 6.9+ and CAP_SYS_ADMIN); files in the disk cache are served by the daemon instead");
+                    }
+                    return None;
+                }
+            },
+        };
+        pass.live.insert(
+            ino,
+            LivePassthrough {
+                etag: etag.to_string(),
+                backing: backing.clone(),
+                handles: 1,
+            },
+        );
+        Some(backing)
+    }
+
+    fn release_passthrough(&self, ino: u64) {
+        let mut pass = self.lock_pass();
+        if let Some(live) = pass.live.get_mut(&ino) {
+            live.handles -= 1;
+            if live.handles == 0 {
+                pass.live.remove(&ino);
+            }
+        }
+    }
+
+    /// Open flags for a read handle that the kernel serves from its page cache (or not: an
+    /// inode being served by passthrough takes only direct I/O opens). A read handle has
+    /// nothing to do at close: FOPEN_NOFLUSH spares the kernel the FLUSH round trip.
+    fn read_open_flags(&self, ino: u64, keep_cache: bool) -> (FopenFlags, bool) {
+        let mut pass = self.lock_pass();
+        let passthrough_live = pass.live.contains_key(&ino);
+        if self.cfg.direct_io || passthrough_live {
+            return (
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+                false,
+            );
+        }
+        *pass.cached.entry(ino).or_insert(0) += 1;
+        let flags = if keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        (flags | FopenFlags::FOPEN_NOFLUSH, true)
+    }
+
+    fn release_cached_mode(&self, ino: u64) {
+        let mut pass = self.lock_pass();
+        if let Some(n) = pass.cached.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                pass.cached.remove(&ino);
+            }
+        }
+    }
+
+    fn ttl_from(&self, now: Instant) -> Instant {
+        now.checked_add(self.cfg.metadata_ttl)
+            .unwrap_or(now + Duration::from_secs(100 * 365 * 86400))
+    }
+
+    fn dir_stat(&self) -> Stat {
+        Stat {
+            size: 0,
+            mtime: self.mount_time,
+            etag: String::new(),
+            meta: None,
+        }
+    }
+
+    /// Stored attributes win over the mount's defaults; a file's ctime is S3's Last-Modified.
+    fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
+        let (kind, perm, nlink) = match inode.kind {
+            Kind::File => (FileType::RegularFile, self.cfg.file_mode, 1),
+            Kind::Dir => (FileType::Directory, self.cfg.dir_mode, 2),
+        };
+        let dir_meta = match inode.kind {
+            Kind::Dir => self.dir_meta(inode.ino),
+            Kind::File => None,
+        };
+        let meta = dir_meta.as_ref().or(stat.meta.as_ref());
+        let mtime = meta.and_then(|m| m.mtime).unwrap_or(stat.mtime);
+        FileAttr {
+            ino: INodeNo(inode.ino),
+            size: stat.size,
+            blocks: stat.size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: stat.mtime,
+            crtime: stat.mtime,
+            kind,
+            perm: meta
+                .and_then(|m| m.mode)
+                .map_or(perm, |m| (m & 0o7777) as u16),
+            nlink,
+            uid: meta.and_then(|m| m.uid).unwrap_or(self.cfg.uid),
+            gid: meta.and_then(|m| m.gid).unwrap_or(self.cfg.gid),
+            rdev: 0,
+            blksize: self.io_size(inode, stat),
+            flags: 0,
+        }
+    }
+
+    /// `st_blksize`: the preferred I/O size of whoever serves the file's bytes. The daemon
+    /// (every read or write may be a FUSE request): 1 MiB. The kernel itself, reading this
+    /// version from the disk cache by passthrough: the cache file system's own — so `cat` or
+    /// stdio reading many small files does not allocate and fault a 1 MiB buffer for each.
+    fn io_size(&self, inode: &Inode, stat: &Stat) -> u32 {
+        match &self.disk {
+            Some(d)
+                if inode.kind == Kind::File
+                    && stat.size > 0
+                    && self.passthrough.load(Ordering::Relaxed)
+                    && d.contains(&inode.key, &stat.etag) =>
+            {
+                d.io_size()
+            }
+            _ => IO_SIZE,
+        }
+    }
+
+    /// Log an S3 failure of a user-visible operation and turn it into the errno to return.
+    fn fail(&self, op: &str, e: &S3Error) -> Errno {
+        match e.kind {
+            S3ErrorKind::NotFound => debug!(op, key = %e.key, "not found"),
+            S3ErrorKind::PreconditionFailed => warn!(
+                op,
+                key = %e.key,
+                "object was replaced or deleted since it was opened; reads on this handle fail with ESTALE, reopen the file to read the new version"
+            ),
+            _ => warn!(op, key = %e.key, error = %e, "operation failed"),
+        }
+        errno(e.errno())
+    }
+
+    fn log_hidden(&self, key: &str, why: &str) {
+        if !self.hidden_logged.contains_key(key) {
+            self.hidden_logged.insert(key.to_string(), ());
+            warn!(
+                key,
+                reason = why,
+                "key is not shown in the mount: it cannot be a file name here"
+            );
+        }
+    }
+
+    fn negative_hit(&self, key: &str) -> bool {
+        self.negative.as_ref().is_some_and(|c| c.contains_key(key))
+    }
+
+    fn remember_missing(&self, key: String) {
+        if let Some(c) = &self.negative {
+            c.insert(key, ());
+        }
+    }
+
+    fn do_lookup(&self, parent: u64, name: &OsStr) -> FsResult<FileAttr> {
+        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
+        if p.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        // S3 keys are UTF-8: a name that is not cannot exist.
+        let name = name.to_str().ok_or(Errno::ENOENT)?;
+        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        let now = Instant::now();
+        if let Some(child) = self.inodes.child(parent, name) {
+            if let Some(w) = self.writing(child.ino) {
+                return Ok(self.attr(&child, &w.stat()));
+            }
+            if self.is_local_dir(child.ino) {
+                return Ok(self.attr(&child, &self.dir_stat()));
+            }
+            if let Some(stat) = child.fresh_stat(now) {
+                return Ok(self.attr(&child, &stat));
+            }
+        }
+        let key = names::child_key(&p.key, name);
+        if self.negative_hit(&key) {
+            return Err(Errno::ENOENT);
+        }
+        // A name last seen as a file (in a listing, or an earlier lookup) is most likely still
+        // one: HeadObject alone answers it, stored attributes included. Anything else (gone,
+        // or turned into a directory) is left to the full probe.
+        if self.cfg.file_metadata {
+            if let Some(child) = self.inodes.child(parent, name) {
+                if child.kind == Kind::File {
+                    if let Ok(info) = self.rt.block_on(self.s3.head(&child.key)) {
+                        let stat = Stat::from(&info);
+                        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                        return Ok(self.attr(&child, &stat));
+                    }
+                }
+            }
+        }
+        let dir_prefix = names::dir_prefix_of(&key);
+        let probe = self.rt.block_on(self.probe(&key, &dir_prefix));
+        let probe = probe.map_err(|e| self.fail("lookup", &e))?;
+        // A directory wins over a file of the same name.
+        if probe.dir {
+            if probe.file.is_some() {
+                self.log_hidden(&key, "a directory of the same name exists");
+            }
+            let child = self
+                .inodes
+                .upsert_child(parent, name, Kind::Dir, dir_prefix);
+            let stat = self.dir_stat();
+            child.set_stat(stat.clone(), self.ttl_from(now));
+            return Ok(self.attr(&child, &stat));
+        }
+        match probe.file {
+            Some(info) => {
+                let child = self.inodes.upsert_child(parent, name, Kind::File, key);
+                let mut stat = Stat::from(&info).inherit(child.last_stat().as_ref());
+                if stat.meta.is_none() && self.cfg.file_metadata {
+                    // A listing does not carry the stored attributes: ask for them once per
+                    // version (rsync's quick check needs the mtime it set).
+                    match self.rt.block_on(self.s3.head(&child.key)) {
+                        Ok(head) => stat = Stat::from(&head),
+                        Err(e) if e.kind == S3ErrorKind::NotFound => {
+                            child.invalidate();
+                            return Err(Errno::ENOENT);
+                        }
+                        Err(e) => return Err(self.fail("lookup", &e)),
+                    }
+                }
+                child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                Ok(self.attr(&child, &stat))
+            }
+            None => {
+                if let Some(child) = self.inodes.child(parent, name) {
+                    child.invalidate();
+                }
+                self.remember_missing(key);
+                Err(Errno::ENOENT)
+            }
+        }
+    }
+
+    /// Ask S3 what `key` is: one listing of the name, or (when that cannot be sure, or the
+    /// server refuses such a listing) HeadObject and a listing of `key/`, concurrently.
+    async fn probe(&self, key: &str, dir_prefix: &str) -> Result<Probe, S3Error> {
+        if !self.exact_probes.load(Ordering::Relaxed) {
+            match self
+                .s3
+                .list_page(key, Some("/"), None, probe::PROBE_MAX_KEYS)
+                .await
+            {
+                Ok(page) => {
+                    if let Some(p) = probe::resolve(page, key, dir_prefix) {
+                        return Ok(p);
+                    }
+                }
+                Err(e) if e.status == Some(400) => {
+                    warn!(key, error = %e, "the server refuses a listing prefix that is not a directory; lookups use HeadObject + ListObjectsV2 from now on");
+                    self.exact_probes.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (head, list) = tokio::join!(
+            self.s3.head(key),
+            self.s3.list_page(dir_prefix, Some("/"), None, 1)
+        );
+        let list = list?;
+        let dir = !list.objects.is_empty() || !list.prefixes.is_empty();
+        let file = match head {
+            Ok(info) => Some(info),
+            // A directory's answer does not depend on the file's.
+            Err(e) if dir || e.kind == S3ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        Ok(Probe { file, dir })
+    }
+
+    fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if let Some(w) = self.writing(ino) {
+            return Ok(self.attr(&inode, &w.stat()));
+        }
+        let now = Instant::now();
+        if let Some(stat) = inode.fresh_stat(now) {
+            return Ok(self.attr(&inode, &stat));
+        }
+        match inode.kind {
+            // A directory has no object of its own to ask about; its existence is checked by
+            // lookup when the kernel's entry expires.
+            Kind::Dir => {
+                let stat = self.dir_stat();
+                inode.set_stat(stat.clone(), self.ttl_from(now));
+                Ok(self.attr(&inode, &stat))
+            }
+            Kind::File => match self.rt.block_on(self.s3.head(&inode.key)) {
+                Ok(info) => {
+                    let stat = Stat::from(&info);
+                    inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                    Ok(self.attr(&inode, &stat))
+                }
+                Err(e) => {
+                    inode.invalidate();
+                    Err(self.fail("getattr", &e))
+                }
+            },
+        }
+    }
+
+    fn do_open(
+        &self,
+        ino: u64,
+        flags: OpenFlags,
+        pid: u32,
+        reply: Option<&ReplyOpen>,
+    ) -> FsResult<Opened> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if inode.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return self
+                .open_for_write(&inode, flags, pid)
+                .map(|(fh, fl)| Opened::Plain(fh, fl));
+        }
+        if self.writing(ino).is_some() {
+            warn!(key = %inode.key, "file is being written in this mount; it can be read once it is closed");
+            return Err(Errno::EBUSY);
+        }
+        // Close-to-open: every open asks S3 for the current version and pins its ETag. The
+        // kernel's lookup right before this open may already have asked: an answer younger
+        // than OPEN_REVALIDATE_WINDOW is that same question (a listing is not: it may be old).
+        let now = Instant::now();
+        let trusted = if self.cfg.open_trusts_metadata {
+            inode.fresh_stat(now).filter(|s| !s.etag.is_empty())
+        } else {
+            None
+        };
+        let stat = match trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
+            Some(stat) => stat,
+            None => {
+                let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
+                    inode.invalidate();
+                    self.fail("open", &e)
+                })?;
+                let stat = Stat::from(&info);
+                inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                stat
+            }
+        };
+        let previous = inode.swap_opened_etag(&stat.etag);
+        let changed = previous.as_ref().is_some_and(|e| *e != stat.etag);
+        if changed {
+            // The kernel may hold the old version's size and pages: drop both before the
+            // first read.
+            if let Some(n) = self.notifier.get() {
+                if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
+                    debug!(ino, error = %e, "inval_inode failed");
+                }
+            }
+        }
+        // Keep the kernel's pages only if they are of this very version.
+        let keep_cache = previous.is_some() && !changed;
+        if let Some(cached) = self
+            .disk
+            .as_ref()
+            .and_then(|d| d.lookup(&inode.key, &stat.etag, stat.size))
+        {
+            let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+            let backing =
+                reply.and_then(|r| self.backing_for(ino, &inode.key, &stat.etag, &cached, r));
+            let (flags, cached_mode) = match &backing {
+                Some(_) => (FopenFlags::FOPEN_NOFLUSH, false),
+                None => self.read_open_flags(ino, keep_cache),
+            };
+            let file = DiskFile {
+                key: inode.key.to_string(),
+                etag: stat.etag.to_string(),
+                cached,
+                passthrough: backing.is_some(),
+                cached_mode,
+            };
+            self.lock_files()
+                .insert(fh, Arc::new(OpenFile::Disk(ino, file)));
+            return Ok(match backing {
+                Some(b) => {
+                    if let Some(d) = &self.disk {
+                        d.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Opened::Passthrough(fh, flags, b)
+                }
+                None => Opened::Plain(fh, flags),
+            });
+        }
+        let reader = ObjectReader::new(
+            self.cache.clone(),
+            self.s3.clone(),
+            self.rt.clone(),
+            &inode.key,
+            &stat.etag,
+            stat.size,
+            self.cfg.read,
+        )
+        .with_disk_cache(self.disk.clone());
+        let (flags, cached_mode) = self.read_open_flags(ino, keep_cache);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.lock_files().insert(
+            fh,
+            Arc::new(OpenFile::Read(ino, reader.with_cached_mode(cached_mode))),
+        );
+        Ok(Opened::Plain(fh, flags))
+    }
+
+    fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData<S>> {
+        let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
+        let reader = match &*file {
+            OpenFile::Read(_, reader) => reader,
+            OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
+            OpenFile::Write(..) => {
+                warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
+                return Err(Errno::EOPNOTSUPP);
+            }
+        };
+        self.rt
+            .block_on(reader.read(offset, size))
+            .map_err(|e| self.fail("read", &e))
+    }
+
+    /// The directory's entries: from a listing younger than the metadata TTL if this mount
+    /// has one (and changed nothing since), else from S3.
+    fn list_dir(&self, inode: &Inode) -> FsResult<DirOut> {
+        let now = Instant::now();
+        let (listing, cached) = match self.listings.get(inode.ino, now) {
+            Some(l) => (l, true),
+            None => {
+                let generation = self.listings.generation();
+                let entries = self.list_from_s3(inode)?;
+                (
+                    self.listings.put(inode.ino, now, generation, entries),
+                    false,
+                )
+            }
+        };
+        debug!(key = %inode.key, entries = listing.entries.len(), cached, "listed");
+        let until = self.ttl_from(listing.at);
+        let mut out = Vec::with_capacity(listing.entries.len() + 2);
+        let parent = self.inodes.get(inode.parent).unwrap_or_else(|| {
+            self.inodes
+                .get(ROOT_INO)
+                .expect("the root inode always exists")
+        });
+        let dir_stat = self.dir_stat();
+        out.push(DirEntryOut {
+            name: ".".into(),
+            attr: self.attr(inode, &dir_stat),
+        });
+        out.push(DirEntryOut {
+            name: "..".into(),
+            attr: self.attr(&parent, &dir_stat),
+        });
+        for (name, listed) in &listing.entries {
+            let (child, stat) = match listed {
+                Listed::Dir => {
+                    let prefix = names::dir_prefix_of(&names::child_key(&inode.key, name));
+                    let child = self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix);
+                    (child, dir_stat.clone())
+                }
+                Listed::File(info) => {
+                    let key = info.key.clone();
+                    let child = self.inodes.upsert_child(inode.ino, name, Kind::File, key);
+                    let stat = Stat::from(info).inherit(child.last_stat().as_ref());
+                    (child, stat)
+                }
+            };
+            // A reused listing never overrides what was learnt after it.
+            let stat = match cached.then(|| child.fresh_stat(now)).flatten() {
+                Some(newer) => newer,
+                None => {
+                    child.set_stat(stat.clone(), until);
+                    stat
+                }
+            };
+            let stat = self.writing(child.ino).map_or(stat, |w| w.stat());
+            out.push(DirEntryOut {
+                attr: self.attr(&child, &stat),
+                name: name.clone(),
+            });
+        }
+        // Directories made here and files being written exist in this mount before S3 has
+        // them.
+        for child in self.local_dirs_in(inode.ino) {
+            if !out.iter().any(|e| e.name == child.name) {
+                out.push(DirEntryOut {
+                    attr: self.attr(&child, &dir_stat),
+                    name: child.name.clone(),
+                });
+            }
+        }
+        for (ino, w) in self.writing_in(inode.ino) {
+            let Some(child) = self.inodes.get(ino) else {
+                continue;
+            };
+            if !out.iter().any(|e| e.name == child.name) {
+                out.push(DirEntryOut {
+                    attr: self.attr(&child, &w.stat()),
+                    name: child.name.clone(),
+                });
+            }
+        }
+        Ok(DirOut {
+            entries: out,
+            ttl: self.listings.remaining(listing.at, Instant::now()),
+        })
+    }
+
+    /// One full ListObjectsV2 walk of the directory.
+    fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
+        let mut builder = DirBuilder::new(&inode.key);
+        let result: Result<(), S3Error> = self.rt.block_on(async {
+            let mut token = None;
+            loop {
+                let mut page = self
+                    .s3
+                    .list_page(&inode.key, Some("/"), token, 1000)
+                    .await?;
+                token = page.next_token.take();
+                builder.add_page(page);
+                if token.is_none() {
+                    return Ok(());
+                }
+            }
+        });
+        result.map_err(|e| self.fail("readdir", &e))?;
+        let (entries, hidden) = builder.finish();
+        for h in hidden {
+            self.log_hidden(&h.key, h.why);
+        }
+        Ok(entries)
+    }
+
+    fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Arc<DirOut>> {
+        let dir = self.lock_dirs().get(&fh).cloned().ok_or(Errno::EBADF)?;
+        let mut cached = dir.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if offset == 0 || cached.is_none() {
+            let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+            *cached = Some(Arc::new(self.list_dir(&inode)?));
+        }
+        Ok(cached.clone().unwrap_or_default())
+    }
+
+    /// The live counters, one `name value` per line.
+    pub fn stats_text(&self) -> String {
+        let writes = self
+            .uploader
+            .as_ref()
+            .map(|u| u.summary())
+            .unwrap_or_default();
+        let files = self.lock_files().len();
+        let writing = self.writing.lock().map(|w| w.len()).unwrap_or(0);
+        let disk = self.disk.as_ref().map(|d| d.summary()).unwrap_or_default();
+        format!(
+            "{} {} {writes} {disk} {} open_files={files} files_being_written={writing}",
+            self.s3.stats().summary(),
+            self.cache.stats.summary(),
+            crate::rdma_live_summary(),
+        )
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| format!("{k} {v}\n"))
+        .collect()
+    }
+
+    /// A handle for the mount's lifecycle (signals, unmount), kept when the session takes
+    /// the file system.
+    pub fn control(&self) -> control::FsControl<S> {
+        control::FsControl {
+            files: self.files.clone(),
+            closing: self.closing.clone(),
+            aborted: self.aborted.clone(),
+        }
+    }
+
+    fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile<S>>>> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_dirs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenDir>>> {
+        self.dirs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn entry_ttl(&self) -> Duration {
+        self.cfg.metadata_ttl
+    }
+
+    /// Hold across anything that changes the namespace in S3 (create, write, delete, rename,
+    /// mkdir, rmdir, setattr): cached listings are not used again.
+    fn ns_change(&self) -> dir::NamespaceChange<'_> {
+        dir::NamespaceChange::new(&self.listings)
+    }
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// Whether the file's current version (as last seen) is in the disk cache.
+    fn is_disk_cached(&self, ino: u64) -> Option<bool> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind == Kind::Dir {
+            return Some(false);
+        }
+        let stat = match inode.recently_asked(Instant::now(), self.cfg.metadata_ttl) {
+            Some(stat) => stat,
+            None => {
+                let info = self.rt.block_on(self.s3.head(&inode.key)).ok()?;
+                Stat::from(&info)
+            }
+        };
+        let disk = self.disk.as_ref()?;
+        Some(stat.size == 0 || disk.contains(&inode.key, &stat.etag))
+    }
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// A read of a file open from the disk cache (when the kernel does not read it itself). A
+    /// local read error is no read error: the bytes come from S3 instead (same ETag).
+    fn read_cached(&self, d: &DiskFile, offset: u64, size: u32) -> FsResult<ReadData<S>> {
+        use std::os::unix::fs::FileExt;
+        let end = d.cached.size.min(offset.saturating_add(size as u64));
+        if offset >= end {
+            return Ok(ReadData::Owned(Vec::new()));
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        if let Err(e) = d.cached.file.read_exact_at(&mut buf, offset) {
+            warn!(key = %d.key, error = %e, "reading the disk cache failed; reading from S3");
+            self.rt
+                .block_on(self.s3.get_range_into(&d.key, &d.etag, offset, &mut buf))
+                .map_err(|e| self.fail("read", &crate::read::pinned_gone(e)))?;
+        }
+        Ok(ReadData::Owned(buf))
+    }
+}
+
+impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // ATOMIC_O_TRUNC: open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN + SETATTR.
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if let Err(missing) = config.add_capabilities(wanted) {
+            debug!(?missing, "kernel lacks some FUSE capabilities");
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        if let Err(max) = config.set_max_readahead(1 << 20) {
+            let _ = config.set_max_readahead(max);
+        }
+        if self.disk.is_some() && self.passthrough_wanted {
+            // The kernel serves files of the disk cache itself: one level of stacking.
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) if config.set_max_stack_depth(1).is_ok() => {
+                    self.passthrough.store(true, Ordering::Relaxed);
+                    info!("FUSE passthrough on: files in the disk cache are read by the kernel directly");
+                }
+                _ => info!("the kernel does not offer FUSE passthrough (Linux 6.9+); files in the disk cache are served by the daemon"),
+            }
+        }
+        info!(bucket = self.s3.bucket(), "filesystem initialised");
+        Ok(())
+    }
+
+    /// The session ended (unmounted, or the connection was aborted). A file still open for
+    /// writing now can never be closed by its writer: abort it, so no multipart upload is left.
+    fn destroy(&mut self) {
+        let control = self.control();
+        let aborted = self.rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                control.abort_writes("the mount ended (unmounted lazily, or its FUSE connection was aborted) while the file was open for writing"),
+            )
+            .await
+        });
+        match aborted {
+            Ok(keys) if keys.is_empty() => {}
+            Ok(keys) => warn!(count = keys.len(), keys = ?keys, "files still open for writing when the mount ended were not stored"),
+            Err(_) => warn!("aborting the files still being written took over 60 s; some multipart uploads may be left (a bucket lifecycle rule removes them)"),
+        }
+        if let Some(up) = &self.uploader {
+            let left = self
+                .rt
+                .block_on(up.wait_for_aborts(Duration::from_secs(30)));
+            if left > 0 {
+                warn!(count = left, "multipart uploads of failed writes could not be aborted (the endpoint is still failing); a bucket lifecycle rule removes them");
+            }
+        }
+        // No handle can be used again: let go of their cache blocks and write buffers.
+        self.lock_files().clear();
+        self.lock_dirs().clear();
+        // Passthrough registrations go while the FUSE connection can still take them back.
+        self.lock_pass().live.clear();
+        if let Some(d) = &self.disk {
+            d.detach_all();
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _s = debug_span!("fuse", op = "lookup", parent = parent.0, name = ?name).entered();
+        match self.do_lookup(parent.0, name) {
+            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _s = debug_span!("fuse", op = "getattr", ino = ino.0).entered();
+        match self.do_getattr(ino.0) {
+            Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _s = debug_span!("fuse", op = "open", ino = ino.0).entered();
+        match self.do_open(ino.0, flags, req.pid(), Some(&reply)) {
+            Ok(Opened::Plain(fh, fl)) => reply.opened(FileHandle(fh), fl),
+            Ok(Opened::Passthrough(fh, fl, backing)) => {
+                reply.opened_passthrough(FileHandle(fh), fl, &backing)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let _s = debug_span!("fuse", op = "read", ino = ino.0, offset, size).entered();
+        match self.do_read(fh.0, offset, size) {
+            Ok(data) => reply.data(data.as_slice()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let _s = debug_span!("fuse", op = "flush", ino = ino.0).entered();
+        match self.do_flush(fh.0, req.pid()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let _s = debug_span!("fuse", op = "fsync", ino = ino.0).entered();
+        match self.do_fsync(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let file = self.lock_files().remove(&fh.0);
+        match file.as_deref() {
+            Some(OpenFile::Read(ino, reader)) => {
+                if reader.cached_mode() {
+                    self.release_cached_mode(*ino);
+                }
+                debug!(ino, key = reader.key(), "released");
+            }
+            Some(OpenFile::Disk(ino, d)) => {
+                if d.cached_mode {
+                    self.release_cached_mode(*ino);
+                }
+                if d.passthrough {
+                    self.release_passthrough(*ino);
+                }
+                debug!(ino, key = d.key, passthrough = d.passthrough, "released");
+            }
+            Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
+            None => {}
+        }
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let _s = debug_span!("fuse", op = "create", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_create(
+            parent.0,
+            name,
+            (req.pid(), req.uid(), req.gid()),
+            mode & !umask,
+        ) {
+            Ok((attr, fh)) => reply.created(
+                &self.entry_ttl(),
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let _s = debug_span!("fuse", op = "write", ino = ino.0, offset, len = data.len()).entered();
+        match self.do_write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let _s = debug_span!("fuse", op = "setattr", ino = ino.0).entered();
+        let _ = atime;
+        let set = namespace::SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            mtime: mtime.map(|t| match t {
+                TimeOrNow::Now => SystemTime::now(),
+                TimeOrNow::SpecificTime(t) => t,
+            }),
+        };
+        match self.do_setattr(ino.0, set) {
+            Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let _s = debug_span!("fuse", op = "mkdir", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_mkdir(parent.0, name, mode & !umask) {
+            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = debug_span!("fuse", op = "rmdir", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_rmdir(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = debug_span!("fuse", op = "unlink", parent = parent.0, name = ?name).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_unlink(parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let _s = debug_span!("fuse", op = "rename", parent = parent.0, name = ?name, newparent = newparent.0, newname = ?newname).entered();
+        if self.cfg.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.inodes.get(ino.0) {
+            Some(i) if i.kind == Kind::Dir => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                self.lock_dirs().insert(
+                    fh,
+                    Arc::new(OpenDir {
+                        entries: Mutex::new(None),
+                    }),
+                );
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Some(_) => reply.error(Errno::ENOTDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let _s = debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
+        let entries = match self.dir_entries(ino.0, fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(e.attr.ino, i as u64 + 1, e.attr.kind, &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let _s = debug_span!("fuse", op = "readdirplus", ino = ino.0, offset).entered();
+        let entries = match self.dir_entries(ino.0, fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        let ttl = entries.ttl;
+        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                e.attr.ino,
+                i as u64 + 1,
+                &e.name,
+                &ttl,
+                &e.attr,
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.lock_dirs().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // An object store has no fixed capacity: report 1 PiB, like other S3 file systems, so
+        // that tools which check free space before writing do not refuse. S3 has no cheap
+        // "bucket size": what is used is what this mount has written since it was mounted.
+        const BLOCKS: u64 = (1u64 << 50) / BLOCK_SIZE as u64;
+        const FILES: u64 = 1 << 32;
+        let (written, files) = self.uploader.as_ref().map_or((0, 0), |u| {
+            (
+                u.stats.bytes_written.load(Ordering::Relaxed),
+                u.stats.objects_written.load(Ordering::Relaxed),
+            )
+        });
+        let used = written.div_ceil(BLOCK_SIZE as u64);
+        let free = BLOCKS.saturating_sub(used);
+        reply.statfs(
+            BLOCKS,
+            free,
+            free,
+            FILES,
+            FILES.saturating_sub(files),
+            BLOCK_SIZE,
+            names::NAME_MAX as u32,
+            BLOCK_SIZE,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // The root's counters, and whether a file is in the disk cache; anything else is
+        // unsupported (EOPNOTSUPP, not ENOSYS, which would make the kernel stop asking).
+        let text = if ino.0 == ROOT_INO && name == STATS_XATTR {
+            self.stats_text()
+        } else if name == s3rdma_proto::xattr::CACHED && self.disk.is_some() {
+            match self.is_disk_cached(ino.0) {
+                Some(yes) => String::from(if yes { "1" } else { "0" }),
+                None => return reply.error(Errno::ENOENT),
+            }
+        } else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        if size == 0 {
+            reply.size(text.len() as u32);
+        } else if text.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(text.as_bytes());
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // Permissions are checked by the kernel (default_permissions); existence here.
+        match self.inodes.get(ino.0) {
+            Some(_) => reply.ok(),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+}

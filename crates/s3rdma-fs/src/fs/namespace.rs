@@ -1,0 +1,393 @@
+//! Namespace operations: `mkdir`, `rmdir`, `unlink`, `rename` and `setattr`.
+//!
+//! S3 has no directories and no rename: a directory made here lives in this mount (or as a
+//! `dir/` marker with `--dir-markers`) until keys exist under it; a file rename is a
+//! server-side copy conditional on the source's ETag, then a delete of the source; directory
+//! renames are refused with EXDEV so that `mv` copies and deletes instead. Mode, owner and
+//! mtime of a file are stored as user metadata (see `s3::meta`), by a copy of the object onto
+//! itself when the file is already stored; a directory's are kept in memory for the life of
+//! the mount.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use fuser::{Errno, FileAttr, RenameFlags};
+use tracing::{debug, info, warn};
+
+use super::inode::{Inode, Kind, Stat};
+use super::{errno, names, FsResult, S3Fs};
+use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, PutSource, S3ErrorKind};
+
+/// What a `setattr` asks to change.
+#[derive(Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub mtime: Option<SystemTime>,
+}
+
+impl SetAttr {
+    fn meta(&self) -> FileMeta {
+        FileMeta {
+            mode: self.mode.map(|m| m & 0o7777),
+            uid: self.uid,
+            gid: self.gid,
+            mtime: self.mtime,
+        }
+    }
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    pub(super) fn is_local_dir(&self, ino: u64) -> bool {
+        self.local_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&ino)
+    }
+
+    pub(super) fn local_dirs_in(&self, parent: u64) -> Vec<Arc<Inode>> {
+        let set = self.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
+        set.iter()
+            .filter_map(|i| self.inodes.get(*i))
+            .filter(|i| i.parent == parent)
+            .collect()
+    }
+
+    pub(super) fn dir_meta(&self, ino: u64) -> Option<FileMeta> {
+        self.dir_attrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ino)
+            .cloned()
+    }
+
+    /// The parent directory and the name as a key (EINVAL for non-UTF-8, ENAMETOOLONG...).
+    fn dir_and_name<'a>(&self, parent: u64, name: &'a OsStr) -> FsResult<(Arc<Inode>, &'a str)> {
+        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
+        if p.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let name = name.to_str().ok_or(Errno::EINVAL)?;
+        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        Ok((p, name))
+    }
+
+    /// The existing child `name` of `parent` (asking S3 if the inode table has no fresh
+    /// answer).
+    fn existing_child(&self, parent: u64, name: &OsStr) -> FsResult<Arc<Inode>> {
+        self.do_lookup(parent, name)?;
+        let name = name.to_str().ok_or(Errno::ENOENT)?;
+        self.inodes.child(parent, name).ok_or(Errno::ENOENT)
+    }
+
+    pub(super) fn do_mkdir(&self, parent: u64, name: &OsStr, mode: u32) -> FsResult<FileAttr> {
+        let _ns = self.ns_change();
+        let (p, name) = self.dir_and_name(parent, name)?;
+        let prefix = names::dir_prefix_of(&names::child_key(&p.key, name));
+        if self.cfg.dir_markers {
+            let stored = self.rt.block_on(self.s3.put_object_if(
+                &prefix,
+                PutSource::Plain(&[]),
+                &Condition::IfNoneMatch,
+                &FileMeta::default(),
+            ));
+            match stored {
+                Ok(_) => {}
+                Err(e) if e.kind == S3ErrorKind::PreconditionFailed => return Err(Errno::EEXIST),
+                Err(e) => return Err(self.fail("mkdir", &e)),
+            }
+        }
+        let child = self.inodes.upsert_child(parent, name, Kind::Dir, prefix);
+        self.local_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(child.ino);
+        if (mode & 0o7777) as u16 != self.cfg.dir_mode {
+            self.dir_attrs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    child.ino,
+                    FileMeta {
+                        mode: Some(mode & 0o7777),
+                        ..Default::default()
+                    },
+                );
+        }
+        let stat = self.dir_stat();
+        child.set_stat(stat.clone(), self.ttl_from(Instant::now()));
+        debug!(key = %child.key, "directory made");
+        Ok(self.attr(&child, &stat))
+    }
+
+    pub(super) fn do_rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        let _ns = self.ns_change();
+        let child = self.existing_child(parent, name)?;
+        if child.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        if !self.writing_in(child.ino).is_empty() || !self.local_dirs_in(child.ino).is_empty() {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let page = self
+            .rt
+            .block_on(self.s3.list_page(&child.key, Some("/"), None, 2))
+            .map_err(|e| self.fail("rmdir", &e))?;
+        let marker = page.objects.iter().any(|o| o.key == child.key);
+        if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != child.key) {
+            return Err(Errno::ENOTEMPTY);
+        }
+        if marker {
+            self.rt
+                .block_on(self.s3.delete_object(&child.key))
+                .map_err(|e| self.fail("rmdir", &e))?;
+        }
+        self.forget_dir(&child);
+        debug!(key = %child.key, "directory removed");
+        Ok(())
+    }
+
+    fn forget_dir(&self, child: &Inode) {
+        self.local_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&child.ino);
+        self.dir_attrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&child.ino);
+        child.invalidate();
+        self.inodes.remove_child(child.parent, &child.name);
+    }
+
+    pub(super) fn do_unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        let _ns = self.ns_change();
+        let child = self.existing_child(parent, name)?;
+        if child.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        if self.writing(child.ino).is_some() {
+            warn!(key = %child.key, "cannot remove a file while it is being written in this mount; close it first");
+            return Err(Errno::EBUSY);
+        }
+        self.rt
+            .block_on(self.s3.delete_object(&child.key))
+            .map_err(|e| self.fail("unlink", &e))?;
+        self.forget_file(&child);
+        debug!(key = %child.key, "removed");
+        Ok(())
+    }
+
+    fn forget_file(&self, child: &Inode) {
+        child.invalidate();
+        child.forget_opened();
+        self.inodes.remove_child(child.parent, &child.name);
+        self.remember_missing(child.key.clone());
+    }
+
+    pub(super) fn do_rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let _ns = self.ns_change();
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            return Err(Errno::EINVAL);
+        }
+        let src = self.existing_child(parent, name)?;
+        let (np, new_name) = self.dir_and_name(new_parent, new_name)?;
+        if src.kind == Kind::Dir {
+            // S3 cannot move a prefix atomically: mv falls back to copy + delete.
+            info!(key = %src.key, "directory rename refused with EXDEV (S3 has no directories); mv copies and deletes instead");
+            return Err(Errno::EXDEV);
+        }
+        let dst_key = names::child_key(&np.key, new_name);
+        if dst_key == src.key {
+            return Ok(());
+        }
+        let dst = match self.do_lookup(new_parent, OsStr::new(new_name)) {
+            Ok(_) => self.inodes.child(new_parent, new_name),
+            Err(Errno::ENOENT) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(d) = &dst {
+            if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+                return Err(Errno::EEXIST);
+            }
+            if d.kind == Kind::Dir {
+                return Err(Errno::EISDIR);
+            }
+            if self.writing(d.ino).is_some() {
+                return Err(Errno::EBUSY);
+            }
+        }
+        // A file not stored yet (still open) will be stored under the new name. One being
+        // stored right now (its last close or release is committing it) is waited for.
+        if self.while_writing(src.ino, &mut |up| up.retarget(&dst_key))? {
+            self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
+            debug!(from = %src.key, to = %dst_key, "renamed while being written");
+            return Ok(());
+        }
+        // The source as it is now: its ETag makes the copy conditional, its attributes go
+        // along.
+        let info = self
+            .rt
+            .block_on(self.s3.head(&src.key))
+            .map_err(|e| self.fail("rename", &e))?;
+        let meta = info.meta.clone().unwrap_or_default();
+        let etag = self
+            .rt
+            .block_on(self.s3.copy_object(
+                &info,
+                &dst_key,
+                &meta,
+                self.cfg.multipart_copy_threshold,
+            ))
+            .map_err(|e| self.fail("rename", &e))?;
+        if let Err(e) = self.rt.block_on(self.s3.delete_object(&src.key)) {
+            // The copy exists; the source could not be removed: both names now exist.
+            warn!(key = %src.key, to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
+            return Err(errno(e.errno()));
+        }
+        let stat = Stat::from(&ObjectInfo {
+            key: dst_key.clone(),
+            size: info.size,
+            etag,
+            last_modified: SystemTime::now(),
+            meta: Some(meta),
+        });
+        self.moved(
+            &src,
+            dst.as_deref(),
+            new_parent,
+            new_name,
+            &dst_key,
+            Some(stat),
+        );
+        debug!(from = %src.key, to = %dst_key, "renamed");
+        Ok(())
+    }
+
+    /// Bookkeeping of a rename: the inode moves to its new name, whatever had that name and
+    /// the old name are forgotten.
+    fn moved(
+        &self,
+        src: &Inode,
+        dst: Option<&Inode>,
+        new_parent: u64,
+        new_name: &str,
+        dst_key: &str,
+        stat: Option<Stat>,
+    ) {
+        if let Some(d) = dst {
+            d.invalidate();
+            d.forget_opened();
+        }
+        if let Some(neg) = &self.negative {
+            neg.invalidate(dst_key);
+        }
+        self.remember_missing(src.key.clone());
+        if let Some(moved) = self
+            .inodes
+            .rename(src.ino, new_parent, new_name, dst_key.to_string())
+        {
+            if let Some(stat) = stat {
+                let now = Instant::now();
+                moved.set_stat_asked(stat, self.ttl_from(now), now);
+            }
+        }
+    }
+
+    /// `setattr`. Files: mode, owner and mtime are stored as user metadata — with the upload
+    /// for a file being written, else by a copy of the object onto itself (conditional on its
+    /// ETag); `truncate` to 0 stores an empty object, to the current size of a file being
+    /// written does nothing, anything else fails with EOPNOTSUPP. Directories: kept in memory
+    /// for the life of the mount. atime is not kept (the mount is noatime).
+    pub(super) fn do_setattr(&self, ino: u64, set: SetAttr) -> FsResult<FileAttr> {
+        let _ns = self.ns_change();
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if self.cfg.read_only {
+            return Err(Errno::EROFS);
+        }
+        let change = set.meta();
+        if inode.kind == Kind::Dir {
+            if !change.is_empty() {
+                let mut map = self.dir_attrs.lock().unwrap_or_else(|e| e.into_inner());
+                let merged = map.get(&ino).cloned().unwrap_or_default().merged(&change);
+                map.insert(ino, merged);
+            }
+            return self.do_getattr(ino);
+        }
+        if let Some(w) = self.writing(ino) {
+            if let Some(size) = set.size {
+                self.truncate_writing(ino, size)?;
+            }
+            let applied = self.while_writing(ino, &mut |up| {
+                up.set_meta(&change);
+                w.set_meta(&change);
+            })?;
+            if applied {
+                return self.do_getattr(ino);
+            }
+        }
+        if set.size.is_none() && change.is_empty() {
+            return self.do_getattr(ino);
+        }
+        let info = self
+            .rt
+            .block_on(self.s3.head(&inode.key))
+            .map_err(|e| self.fail("setattr", &e))?;
+        let meta = info.meta.clone().unwrap_or_default().merged(&change);
+        let (etag, size) = match set.size {
+            Some(0) => {
+                let etag = self
+                    .rt
+                    .block_on(self.s3.put_object_if(
+                        &inode.key,
+                        PutSource::Plain(&[]),
+                        &Condition::IfMatch(info.etag.clone()),
+                        &meta,
+                    ))
+                    .map_err(|e| self.fail("truncate", &e))?;
+                (etag, 0)
+            }
+            Some(n) if n != info.size => {
+                warn!(key = %inode.key, size = n, "an object can only be truncated to 0 (or rewritten with O_TRUNC)");
+                return Err(Errno::EOPNOTSUPP);
+            }
+            _ => {
+                let etag = self
+                    .rt
+                    .block_on(self.s3.copy_object(
+                        &info,
+                        &inode.key,
+                        &meta,
+                        self.cfg.multipart_copy_threshold,
+                    ))
+                    .map_err(|e| self.fail("setattr", &e))?;
+                (etag, info.size)
+            }
+        };
+        let now = Instant::now();
+        let stat = Stat::from(&ObjectInfo {
+            key: inode.key.clone(),
+            size,
+            etag,
+            last_modified: SystemTime::now(),
+            meta: Some(meta),
+        });
+        inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        if size != info.size {
+            inode.forget_opened();
+        }
+        Ok(self.attr(&inode, &stat))
+    }
+}

@@ -1,0 +1,382 @@
+//! The write side of the file system: `create`, `open` for writing, `write`, `flush`, `fsync`,
+//! `release` of a file being written, and what `stat`, `lookup` and `readdir` show meanwhile.
+//!
+//! A file being written exists only in this mount until it is committed: `stat` shows the
+//! bytes written so far, `readdir` lists it, other clients see the old version (or nothing).
+//! The commit happens at the `close` (flush) by the process that opened the file — so its
+//! error is `close`'s — or at `fsync`, or at the last release when only other processes (a
+//! forked child) still held it, or when nothing had been written at that close (an empty file,
+//! or a shell redirection's first close).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use fuser::{Errno, FileAttr, FopenFlags, OpenFlags};
+use tracing::{debug, warn};
+
+use super::inode::{Inode, Kind, Stat};
+use super::{errno, names, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
+use crate::upload::{Upload, WriteError};
+use s3rdma_client::{Condition, FileMeta, ObjectStore, S3ErrorKind};
+
+/// How long an operation on a file being stored waits for the store to end.
+const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A file being written, as `stat` and `readdir` show it until it is committed.
+#[derive(Debug)]
+pub struct Writing {
+    size: AtomicU64,
+    mtime_ns: AtomicU64,
+    /// The attributes the object will carry (set at create, changed by setattr).
+    meta: std::sync::Mutex<FileMeta>,
+}
+
+impl Writing {
+    fn new(meta: FileMeta) -> Self {
+        let w = Writing {
+            size: AtomicU64::new(0),
+            mtime_ns: AtomicU64::new(0),
+            meta: std::sync::Mutex::new(meta),
+        };
+        w.touch(0);
+        w
+    }
+
+    fn touch(&self, size: u64) {
+        self.size.store(size, Ordering::Relaxed);
+        let ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        self.mtime_ns.store(ns, Ordering::Relaxed);
+    }
+
+    pub fn meta(&self) -> FileMeta {
+        self.meta.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_meta(&self, change: &FileMeta) {
+        let mut m = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        *m = m.merged(change);
+    }
+
+    pub fn stat(&self) -> Stat {
+        Stat {
+            size: self.size.load(Ordering::Relaxed),
+            mtime: UNIX_EPOCH
+                + std::time::Duration::from_nanos(self.mtime_ns.load(Ordering::Relaxed)),
+            etag: String::new(),
+            meta: Some(self.meta()),
+        }
+    }
+}
+
+/// An open handle of a file being written.
+pub struct WriteFile<S: ObjectStore> {
+    /// The process that opened it: its `close` commits the file.
+    opener: Option<u32>,
+    pub(super) upload: tokio::sync::Mutex<Upload<S>>,
+    writing: Arc<Writing>,
+}
+
+/// The process (thread group) of a thread id from a FUSE request.
+fn tgid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// The local state of `ino`, if it is being written in this mount.
+    pub(super) fn writing(&self, ino: u64) -> Option<Arc<Writing>> {
+        self.lock_writing().get(&ino).cloned()
+    }
+
+    /// Files being written in directory `parent`: (ino, state).
+    pub(super) fn writing_in(&self, parent: u64) -> Vec<(u64, Arc<Writing>)> {
+        self.lock_writing()
+            .iter()
+            .filter(|(i, _)| self.inodes.get(**i).is_some_and(|n| n.parent == parent))
+            .map(|(i, w)| (*i, w.clone()))
+            .collect()
+    }
+
+    fn lock_writing(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Writing>>> {
+        self.writing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Register a writer for `inode`; EBUSY if one is already writing it.
+    fn begin_write(
+        &self,
+        inode: &Inode,
+        cond: Condition,
+        pid: u32,
+        meta: FileMeta,
+    ) -> FsResult<(u64, Arc<Writing>)> {
+        if self.uploader.is_none() {
+            return Err(Errno::EROFS);
+        }
+        if self.closing.load(Ordering::SeqCst) {
+            warn!(key = %inode.key, "the mount is shutting down: no new files can be written");
+            return Err(Errno::EROFS);
+        }
+        let writing = {
+            let mut w = self.lock_writing();
+            if w.contains_key(&inode.ino) {
+                warn!(key = %inode.key, "file is already being written in this mount; close the other writer first");
+                return Err(Errno::EBUSY);
+            }
+            let state = Arc::new(Writing::new(meta.clone()));
+            w.insert(inode.ino, state.clone());
+            state
+        };
+        let Some(uploader) = &self.uploader else {
+            return Err(Errno::EROFS);
+        };
+        let upload = uploader.start(&inode.key, cond, meta);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let file = WriteFile {
+            opener: tgid_of(pid),
+            upload: tokio::sync::Mutex::new(upload),
+            writing: writing.clone(),
+        };
+        self.lock_files()
+            .insert(fh, Arc::new(OpenFile::Write(inode.ino, file)));
+        Ok((fh, writing))
+    }
+
+    pub(super) fn do_create(
+        &self,
+        parent: u64,
+        name: &std::ffi::OsStr,
+        req: (u32, u32, u32),
+        mode: u32,
+    ) -> FsResult<(FileAttr, u64)> {
+        let _ns = self.ns_change();
+        let (pid, uid, gid) = req;
+        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
+        if p.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let name = name.to_str().ok_or_else(|| {
+            warn!(parent = %p.key, "a file name must be UTF-8 to be an S3 key");
+            Errno::EINVAL
+        })?;
+        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        let key = names::child_key(&p.key, name);
+        let inode = self.inodes.upsert_child(parent, name, Kind::File, key);
+        if let Some(neg) = &self.negative {
+            neg.invalidate(&inode.key);
+        }
+        // Attributes that differ from the mount's defaults are stored with the object.
+        let mode = mode & 0o7777;
+        let meta = FileMeta {
+            mode: (mode as u16 != self.cfg.file_mode).then_some(mode),
+            uid: (uid != self.cfg.uid).then_some(uid),
+            gid: (gid != self.cfg.gid).then_some(gid),
+            mtime: None,
+        };
+        // The kernel found no such name: the object must still not exist when it is stored.
+        let (fh, writing) = self.begin_write(&inode, Condition::IfNoneMatch, pid, meta)?;
+        debug!(key = %inode.key, fh, "created");
+        Ok((self.attr(&inode, &writing.stat()), fh))
+    }
+
+    /// `open` with write access of an existing file.
+    pub(super) fn open_for_write(
+        &self,
+        inode: &Arc<Inode>,
+        flags: OpenFlags,
+        pid: u32,
+    ) -> FsResult<(u64, FopenFlags)> {
+        let _ns = self.ns_change();
+        if self.cfg.read_only {
+            return Err(Errno::EROFS);
+        }
+        let now = Instant::now();
+        let current = match inode.recently_asked(now, OPEN_REVALIDATE_WINDOW) {
+            Some(stat) => Some(stat),
+            None => match self.rt.block_on(self.s3.head(&inode.key)) {
+                Ok(info) => {
+                    let stat = Stat::from(&info);
+                    inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                    Some(stat)
+                }
+                Err(e) if e.kind == S3ErrorKind::NotFound => None,
+                Err(e) => return Err(self.fail("open", &e)),
+            },
+        };
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        // A rewrite keeps the mode and owner stored with the old version, not its mtime.
+        let meta = FileMeta {
+            mtime: None,
+            ..current
+                .as_ref()
+                .and_then(|s| s.meta.clone())
+                .unwrap_or_default()
+        };
+        let cond = match current {
+            // Gone since the kernel looked: this writes a new object.
+            None => Condition::IfNoneMatch,
+            Some(stat) if !truncate && stat.size > 0 => {
+                warn!(key = %inode.key, size = stat.size, "an existing object cannot be modified or appended to in place; open it with O_TRUNC to replace it");
+                return Err(Errno::EPERM);
+            }
+            Some(stat) if stat.etag.is_empty() => Condition::None,
+            Some(stat) => Condition::IfMatch(stat.etag),
+        };
+        let (fh, _) = self.begin_write(inode, cond, pid, meta)?;
+        debug!(key = %inode.key, fh, "opened for writing");
+        Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
+    }
+
+    pub(super) fn do_write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
+        let OpenFile::Write(_, w) = &*file else {
+            return Err(Errno::EBADF);
+        };
+        let mut up = self.rt.block_on(w.upload.lock());
+        match self.rt.block_on(up.write(offset, data)) {
+            Ok(()) => {
+                w.writing.touch(up.size());
+                Ok(data.len() as u32)
+            }
+            Err(e) => Err(errno(e.errno())),
+        }
+    }
+
+    /// `close` (flush): the opener's close commits the file; others' closes do nothing.
+    pub(super) fn do_flush(&self, fh: u64, pid: u32) -> FsResult<()> {
+        let Some(file) = self.lock_files().get(&fh).cloned() else {
+            return Ok(());
+        };
+        let OpenFile::Write(ino, w) = &*file else {
+            return Ok(());
+        };
+        if w.opener.is_some() && w.opener != tgid_of(pid) {
+            debug!(
+                fh,
+                "close by another process than the opener: not committing yet"
+            );
+            return Ok(());
+        }
+        // A shell redirection (`cmd > file`) opens the file, dup2()s it and closes the first
+        // descriptor before anything is written: that close must not store an empty object.
+        // An empty file is stored at its last release instead.
+        if w.writing.stat().size == 0 {
+            debug!(fh, "close before any write: committing at release");
+            return Ok(());
+        }
+        self.commit(*ino, w)
+    }
+
+    pub(super) fn do_fsync(&self, fh: u64) -> FsResult<()> {
+        let Some(file) = self.lock_files().get(&fh).cloned() else {
+            return Ok(());
+        };
+        match &*file {
+            OpenFile::Write(ino, w) => self.commit(*ino, w),
+            OpenFile::Read(..) | OpenFile::Disk(..) => Ok(()),
+        }
+    }
+
+    /// The last release of a handle: commit if no close did (errors can only be logged now).
+    pub(super) fn release_write(&self, ino: u64, w: &WriteFile<S>) {
+        if let Err(e) = self.commit(ino, w) {
+            warn!(ino, errno = ?e, "file committed at release failed; no process was left to report it to");
+        }
+    }
+
+    /// Store the file (once; later calls return the same outcome).
+    fn commit(&self, ino: u64, w: &WriteFile<S>) -> FsResult<()> {
+        let _ns = self.ns_change();
+        let mut up = self.rt.block_on(w.upload.lock());
+        let was_open = up.is_open();
+        let result = self.rt.block_on(up.commit());
+        {
+            // Stored or failed, the file is no longer being written.
+            let mut map = self.lock_writing();
+            if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, &w.writing)) {
+                map.remove(&ino);
+            }
+        }
+        if let Some(inode) = self.inodes.get(ino) {
+            match &result {
+                Ok(info) if was_open => {
+                    let now = Instant::now();
+                    inode.set_stat_asked(Stat::from(info), self.ttl_from(now), now);
+                    inode.forget_opened();
+                }
+                Ok(_) => {}
+                Err(_) => inode.invalidate(),
+            }
+        }
+        result.map(|_| ()).map_err(|e: WriteError| errno(e.errno()))
+    }
+
+    /// Apply `f` to the upload of the file being written as `ino`, if a handle of this mount
+    /// still has it open (not yet committing); false otherwise.
+    fn apply_to_open_upload(&self, ino: u64, f: &mut dyn FnMut(&mut Upload<S>)) -> bool {
+        let file = self
+            .lock_files()
+            .values()
+            .find(|f| matches!(&***f, OpenFile::Write(i, _) if *i == ino))
+            .cloned();
+        let Some(file) = file else { return false };
+        let OpenFile::Write(_, w) = &*file else {
+            return false;
+        };
+        let mut up = self.rt.block_on(w.upload.lock());
+        if !up.is_open() {
+            return false;
+        }
+        f(&mut up);
+        true
+    }
+
+    /// For an operation on a file that may be being written: apply `f` to its open upload
+    /// (Ok(true)), or, once it is stored (its last close or release may be committing it right
+    /// now: wait for that), Ok(false) — the caller then acts on the stored object.
+    pub(super) fn while_writing(
+        &self,
+        ino: u64,
+        f: &mut dyn FnMut(&mut Upload<S>),
+    ) -> FsResult<bool> {
+        let deadline = Instant::now() + COMMIT_WAIT;
+        while self.writing(ino).is_some() {
+            if self.apply_to_open_upload(ino, f) {
+                return Ok(true);
+            }
+            if Instant::now() > deadline {
+                warn!(ino, "waited too long for the file to be stored");
+                return Err(Errno::EBUSY);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(false)
+    }
+
+    /// `truncate`/`ftruncate` of a file being written: only to its current size (e.g. 0 right
+    /// after `open`); anything else cannot be expressed as a sequential write.
+    pub(super) fn truncate_writing(&self, ino: u64, size: u64) -> FsResult<()> {
+        let Some(w) = self.writing(ino) else {
+            return Err(Errno::EOPNOTSUPP);
+        };
+        let now = w.stat().size;
+        if size == now {
+            return Ok(());
+        }
+        warn!(
+            ino,
+            size,
+            written = now,
+            "a file being written can only be truncated to its current size"
+        );
+        Err(Errno::EOPNOTSUPP)
+    }
+}

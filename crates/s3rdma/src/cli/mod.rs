@@ -1,0 +1,978 @@
+//! The command line: flags, the mount-helper `-o` form, and the resolved [`Settings`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use fuser::MountOption;
+
+use s3rdma_client::{RdmaMode, S3Options};
+use s3rdma_fs::fs::names;
+use s3rdma_fs::fs::FsConfig;
+use s3rdma_fs::read::ReadConfig;
+use s3rdma_proto::units::{parse_bool, parse_duration, parse_mode, parse_size, split_options};
+
+/// Version and commit, e.g. "0.1.0 (commit 1a2b3c4d5e6f)".
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("S3RDMA_COMMIT"),
+    ")"
+);
+
+const ABOUT: &str = "Mount an S3 bucket (or a prefix of it) as a file system.";
+
+const LONG_ABOUT: &str = "\
+Mount an S3 bucket (or a prefix of it) as a file system.
+
+Keys are files, '/' separates directories (implied by the keys under them, or by 'dir/' marker
+objects). Every open file is pinned to the ETag it had when opened: reads never mix two versions
+of an object, and a file replaced while open fails reads on the old handle with ESTALE.
+
+Every option can also be given mount(8)-style as '-o name[=value],...', with '_' for '-'
+(e.g. '-o endpoint_url=http://127.0.0.1:8333,force_path_style,ro'), so that
+'mount -t fuse.s3rdma bucket /mnt -o ...' and /etc/fstab work. Sizes take B/K/M/G/T (binary,
+also KiB/MiB/...) or KB/MB/GB (decimal); durations take ms/s/m/h or 'indefinite'.
+
+Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the
+profile (--profile or AWS_PROFILE), web identity, ECS, and EC2 instance metadata.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  s3rdma my-bucket /mnt/data
+  s3rdma my-bucket:datasets/imagenet/ /mnt/imagenet --read-only
+  s3rdma s3://my-bucket/ckpt/ /mnt/ckpt --endpoint-url http://127.0.0.1:8333 --force-path-style
+  s3rdma my-bucket /mnt/data -o endpoint_url=http://127.0.0.1:8333,force_path_style,allow_other
+  mount -t fuse.s3rdma my-bucket /mnt/data -o endpoint_url=http://127.0.0.1:8333,force_path_style";
+
+/// Command-line arguments, as parsed by clap (before `-o` options are applied).
+#[derive(Parser, Debug, Clone, Default)]
+#[command(name = "s3rdma", version = VERSION, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// What to mount: BUCKET, BUCKET:PREFIX or s3://BUCKET/PREFIX
+    #[arg(value_name = "BUCKET[:PREFIX] | s3://BUCKET/PREFIX")]
+    pub source: String,
+
+    /// An empty directory to mount on
+    pub mountpoint: PathBuf,
+
+    /// Options, comma separated, mount(8) style: any flag below as name[=value] with '_' for '-',
+    /// plus ro, rw and the standard mount options. May be repeated
+    #[arg(short = 'o', value_name = "OPT[,OPT=VALUE]...")]
+    pub options: Vec<String>,
+
+    // ---- S3 ----
+    /// S3 endpoint URL, e.g. http://127.0.0.1:8333 (default: AWS, or AWS_ENDPOINT_URL)
+    #[arg(long, value_name = "URL", help_heading = "S3")]
+    pub endpoint_url: Option<String>,
+
+    /// Region of the bucket (default: from the AWS config, else us-east-1)
+    #[arg(long, value_name = "REGION", help_heading = "S3")]
+    pub region: Option<String>,
+
+    /// Named profile from ~/.aws/config and ~/.aws/credentials
+    #[arg(long, value_name = "NAME", help_heading = "S3")]
+    pub profile: Option<String>,
+
+    /// Path-style addressing (http://host/bucket/key), needed by most self-hosted servers
+    #[arg(long, help_heading = "S3")]
+    pub force_path_style: bool,
+
+    /// Send unsigned requests (public buckets); no credentials are looked up
+    #[arg(long, help_heading = "S3")]
+    pub no_sign_request: bool,
+
+    /// Mount only the keys under this prefix (also BUCKET:PREFIX); a trailing '/' is implied
+    #[arg(long, value_name = "PREFIX", help_heading = "S3")]
+    pub prefix: Option<String>,
+
+    /// Attempts per S3 request, retried with jittered exponential backoff on throttling,
+    /// 5xx and connection errors [default: 6]
+    #[arg(long, value_name = "N", help_heading = "S3")]
+    pub max_attempts: Option<u32>,
+
+    /// Time limit for one attempt of an S3 request, and for a stall of a response body
+    /// [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3")]
+    pub request_timeout: Option<Duration>,
+
+    /// Move object data over S3-over-RDMA (cuObject): 'auto' uses RDMA and moves a request the
+    /// endpoint declines over HTTP (counted, logged); 'required' fails it instead; 'off' never
+    /// mints tokens. The loopback provider (no NVIDIA SDK) is used only with a loopback
+    /// endpoint [default: auto]
+    #[arg(long, value_name = "MODE", value_parser = parse_rdma, help_heading = "S3")]
+    pub rdma: Option<RdmaMode>,
+
+    /// Accept Ceph RGW's x-amz-rdma-reply 200 on an HTTP 206 ranged GET
+    #[arg(long, help_heading = "S3")]
+    pub rdma_accept_206_200: bool,
+
+    // ---- Mount ----
+    /// Mount read-only (-o ro): every write fails with EROFS
+    #[arg(long, help_heading = "Mount")]
+    pub read_only: bool,
+
+    /// Owner of every file and directory [default: the user who mounts]
+    #[arg(long, value_name = "UID", help_heading = "Mount")]
+    pub uid: Option<u32>,
+
+    /// Group of every file and directory [default: the group of the user who mounts]
+    #[arg(long, value_name = "GID", help_heading = "Mount")]
+    pub gid: Option<u32>,
+
+    /// Permission bits of files, octal [default: 0644]
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
+    pub file_mode: Option<u16>,
+
+    /// Permission bits of directories, octal [default: 0755]
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
+    pub dir_mode: Option<u16>,
+
+    /// Let every user access the mount (needs user_allow_other in /etc/fuse.conf unless root)
+    #[arg(long, help_heading = "Mount")]
+    pub allow_other: bool,
+
+    /// Let root access the mount too
+    #[arg(long, help_heading = "Mount")]
+    pub allow_root: bool,
+
+    /// Unmount automatically when the daemon exits, even if it is killed (needs --allow-root
+    /// or --allow-other)
+    #[arg(long, help_heading = "Mount")]
+    pub auto_unmount: bool,
+
+    /// Stay in the foreground instead of daemonizing once the mount is ready
+    #[arg(short = 'f', long, help_heading = "Mount")]
+    pub foreground: bool,
+
+    /// FUSE worker threads: the most file system requests served at once [default: 16]
+    #[arg(long, value_name = "N", help_heading = "Mount")]
+    pub max_threads: Option<usize>,
+
+    /// On SIGTERM/SIGINT: how long files open for writing get to be closed (and stored) before
+    /// their uploads are aborted and the mount is detached [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Mount")]
+    pub shutdown_grace: Option<Duration>,
+
+    // ---- Caching and reads ----
+    /// How long file attributes and directory entries are trusted before S3 is asked again
+    /// (0 = always ask; 'indefinite' = never) [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
+    pub metadata_ttl: Option<Duration>,
+
+    /// Let `open` use attributes younger than --metadata-ttl (from a lookup or a listing)
+    /// instead of asking S3 for the current version: for data that does not change while
+    /// mounted (with --cache-dir and a long TTL, an epoch over cached files sends no request
+    /// per file)
+    #[arg(long, help_heading = "Caching and reads")]
+    pub open_trusts_metadata: bool,
+
+    /// How long a name found missing is remembered [default: the metadata TTL]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
+    pub negative_metadata_ttl: Option<Duration>,
+
+    /// Size of each ranged GET of a sequential reader [default: 8MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub read_part_size: Option<u64>,
+
+    /// Size of the pinned page cache: one mlocked, RDMA-registered arena cut into blocks of the
+    /// read part size [default: min(1GiB, 1/8 of RAM)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub cache_size: Option<u64>,
+
+    /// The most ranged GETs in flight for the whole mount [default: 32]
+    #[arg(long, value_name = "N", help_heading = "Caching and reads")]
+    pub max_inflight_reads: Option<usize>,
+
+    /// Kernel read-ahead of the mount (its bdi read_ahead_kb; root only); the kernel's own
+    /// default of 128 KiB makes buffered reads arrive in 128 KiB requests [default: 1024]
+    #[arg(long, value_name = "KIB", help_heading = "Caching and reads")]
+    pub read_ahead_kb: Option<u32>,
+
+    /// Open files with direct I/O: no kernel page cache, every read goes to s3rdma's cache
+    #[arg(long, help_heading = "Caching and reads")]
+    pub direct_io: bool,
+
+    /// Keep whole objects read through the mount in this local directory (keyed by bucket,
+    /// key and ETag, checked by CRC, kept across remounts); an open file fully there is read
+    /// from it — by the kernel itself (FUSE passthrough) where it can
+    #[arg(long, value_name = "DIR", help_heading = "Caching and reads")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Most bytes kept in --cache-dir, least recently used evicted first [default: half the
+    /// free space of its file system]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub cache_dir_size: Option<u64>,
+
+    /// Serve files in --cache-dir through the daemon, never by FUSE passthrough
+    #[arg(long, help_heading = "Caching and reads")]
+    pub no_passthrough: bool,
+
+    /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
+    pub max_prefetch: Option<u64>,
+
+    // ---- Writing ----
+    /// Size of the parts a written file is uploaded in (5MiB..5GiB); parts double in size every
+    /// 1000 parts, so large files stay within S3's 10,000 parts [default: 16MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
+    pub write_part_size: Option<u64>,
+
+    /// Memory for files being written: one pinned, RDMA-registered pool of parts; a writer waits
+    /// while uploads fill it [default: min(256MiB, 1/16 of RAM), at least 2 parts]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
+    pub write_buffer_size: Option<u64>,
+
+    /// Do not ask HeadObject for the mode, owner and mtime stored with a file (one request less
+    /// per first lookup of a file; stat then shows the mount's defaults and S3's time)
+    #[arg(long, help_heading = "Writing")]
+    pub no_file_metadata: bool,
+
+    /// mkdir stores a 'dir/' marker object, so that an empty directory exists for other
+    /// clients and after a remount (without it, it lives in this mount until a file is
+    /// written in it)
+    #[arg(long, help_heading = "Writing")]
+    pub dir_markers: bool,
+
+    /// Copies (rename, attribute changes) of objects above this size use UploadPartCopy
+    /// [default: 5GiB, S3's CopyObject limit]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing", hide = true)]
+    pub multipart_copy_threshold: Option<u64>,
+
+    /// The most parts uploaded at once, for the whole mount [default: 8]
+    #[arg(long, value_name = "N", help_heading = "Writing")]
+    pub upload_concurrency: Option<usize>,
+
+    // ---- Logging ----
+    /// error, warn, info, debug or trace (debug logs every S3 request); or a tracing filter
+    /// such as 's3rdma=debug' [default: info]
+    #[arg(long, value_name = "LEVEL", help_heading = "Logging")]
+    pub log_level: Option<String>,
+
+    /// Append logs to this file (a daemon without it logs nowhere after start-up)
+    #[arg(long, value_name = "PATH", help_heading = "Logging")]
+    pub log_file: Option<PathBuf>,
+
+    /// Rewrite this file every second with the live counters (cache hits/misses, read-ahead,
+    /// bytes over RDMA and HTTP, declines, fallbacks), one `name value` per line
+    #[arg(long, value_name = "PATH", help_heading = "Logging")]
+    pub stats_file: Option<PathBuf>,
+
+    /// Kernel mount flags from -o (exec/noexec, dev/nodev, suid/nosuid, ...).
+    #[arg(skip)]
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// Standard mount(8) options that make no sense for this file system and are ignored on purpose.
+const IGNORED: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "_netdev",
+    "nofail",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "async",
+    "lazytime",
+    "nolazytime",
+    "silent",
+    "loud",
+    "nonempty",
+];
+
+impl Cli {
+    /// Apply every `-o` option, in order, on top of the flags.
+    pub fn apply_mount_options(&mut self) -> Result<(), String> {
+        let groups = std::mem::take(&mut self.options);
+        for group in &groups {
+            for opt in split_options(group) {
+                if opt.is_empty() {
+                    continue;
+                }
+                let (key, value) = match opt.split_once('=') {
+                    Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                    None => (opt.clone(), None),
+                };
+                self.apply_option(&key, value.as_deref())?;
+            }
+        }
+        self.options = groups;
+        Ok(())
+    }
+
+    /// Apply one `-o key[=value]`.
+    pub fn apply_option(&mut self, key: &str, value: Option<&str>) -> Result<(), String> {
+        let need = |v: Option<&str>| -> Result<String, String> {
+            v.map(str::to_string)
+                .ok_or_else(|| format!("mount option '{key}' needs a value: -o {key}=VALUE"))
+        };
+        let flag = |v: Option<&str>| -> Result<bool, String> {
+            v.map_or(Ok(true), parse_bool)
+                .map_err(|e| format!("mount option '{key}': {e}"))
+        };
+        let num = |v: Option<&str>| -> Result<u64, String> {
+            let v = need(v)?;
+            v.trim().parse().map_err(|_| {
+                format!("mount option '{key}': {v:?} is not a whole number from 0 to 2^64-1")
+            })
+        };
+        // A number that must fit the option's type: never truncated (uid=4294967296 is not 0).
+        let narrow = |n: u64, max: u64| -> Result<u64, String> {
+            if n > max {
+                return Err(format!("mount option '{key}': {n} is above {max}"));
+            }
+            Ok(n)
+        };
+        match key {
+            "endpoint_url" | "endpoint" => self.endpoint_url = Some(need(value)?),
+            "region" => self.region = Some(need(value)?),
+            "profile" => self.profile = Some(need(value)?),
+            "force_path_style" => self.force_path_style = flag(value)?,
+            "no_sign_request" => self.no_sign_request = flag(value)?,
+            "prefix" => self.prefix = Some(need(value)?),
+            "rdma" => self.rdma = Some(with_key(key, parse_rdma(&need(value)?))?),
+            "rdma_accept_206_200" => self.rdma_accept_206_200 = flag(value)?,
+            "max_attempts" => self.max_attempts = Some(narrow(num(value)?, u32::MAX.into())? as u32),
+            "request_timeout" => self.request_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
+            "read_only" | "ro" => self.read_only = flag(value)?,
+            "rw" => self.read_only = false,
+            "uid" => self.uid = Some(narrow(num(value)?, u32::MAX.into())? as u32),
+            "gid" => self.gid = Some(narrow(num(value)?, u32::MAX.into())? as u32),
+            "file_mode" => self.file_mode = Some(with_key(key, parse_mode(&need(value)?))?),
+            "dir_mode" => self.dir_mode = Some(with_key(key, parse_mode(&need(value)?))?),
+            "allow_other" => self.allow_other = flag(value)?,
+            "allow_root" => self.allow_root = flag(value)?,
+            "auto_unmount" => self.auto_unmount = flag(value)?,
+            "foreground" => self.foreground = flag(value)?,
+            "max_threads" => self.max_threads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
+            "shutdown_grace" => self.shutdown_grace = Some(with_key(key, parse_duration(&need(value)?))?),
+            "metadata_ttl" => self.metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?),
+            "negative_metadata_ttl" => {
+                self.negative_metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?)
+            }
+            "read_part_size" => self.read_part_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "cache_size" => self.cache_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "max_inflight_reads" => self.max_inflight_reads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
+            "read_ahead_kb" => self.read_ahead_kb = Some(narrow(num(value)?, u32::MAX.into())? as u32),
+            "direct_io" => self.direct_io = flag(value)?,
+            "open_trusts_metadata" => self.open_trusts_metadata = flag(value)?,
+            "cache_dir" => self.cache_dir = Some(PathBuf::from(need(value)?)),
+            "cache_dir_size" => {
+                self.cache_dir_size = Some(with_key(key, parse_size(&need(value)?))?)
+            }
+            "no_passthrough" => self.no_passthrough = flag(value)?,
+            "passthrough" => self.no_passthrough = !flag(value)?,
+            "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
+            "write_part_size" => self.write_part_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "write_buffer_size" => {
+                self.write_buffer_size = Some(with_key(key, parse_size(&need(value)?))?)
+            }
+            "upload_concurrency" => self.upload_concurrency = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
+            "no_file_metadata" => self.no_file_metadata = flag(value)?,
+            "file_metadata" => self.no_file_metadata = !flag(value)?,
+            "dir_markers" => self.dir_markers = flag(value)?,
+            "multipart_copy_threshold" => {
+                self.multipart_copy_threshold = Some(with_key(key, parse_size(&need(value)?))?)
+            }
+            "log_level" => self.log_level = Some(need(value)?),
+            "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
+            "stats_file" => self.stats_file = Some(PathBuf::from(need(value)?)),
+            "exec" => self.kernel_flags.push(MountOption::Exec),
+            "noexec" => self.kernel_flags.push(MountOption::NoExec),
+            "dev" => self.kernel_flags.push(MountOption::Dev),
+            "nodev" => self.kernel_flags.push(MountOption::NoDev),
+            "suid" => self.kernel_flags.push(MountOption::Suid),
+            "nosuid" => self.kernel_flags.push(MountOption::NoSuid),
+            k if IGNORED.contains(&k) || k.starts_with("x-") || k == "comment" => {}
+            _ => {
+                return Err(format!(
+                    "unknown mount option '{key}'; see 's3rdma --help' for the options (any flag works as -o name=value with '_' for '-')"
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_rdma(s: &str) -> Result<RdmaMode, String> {
+    s.parse()
+}
+
+fn with_key<T>(key: &str, r: Result<T, String>) -> Result<T, String> {
+    r.map_err(|e| format!("mount option '{key}': {e}"))
+}
+
+/// Everything the daemon needs, resolved and validated.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub bucket: String,
+    /// Normalised: "" or ending in '/'.
+    pub prefix: String,
+    pub mountpoint: PathBuf,
+    pub s3: S3Options,
+    pub fs: FsConfig,
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub auto_unmount: bool,
+    pub foreground: bool,
+    pub max_threads: usize,
+    /// How long files being written get at SIGTERM/SIGINT before they are aborted.
+    pub shutdown_grace: Duration,
+    pub log_level: String,
+    pub log_file: Option<PathBuf>,
+    pub stats_file: Option<PathBuf>,
+    pub kernel_flags: Vec<MountOption>,
+    pub cache_size: u64,
+    pub max_inflight_reads: usize,
+    pub read_ahead_kb: u32,
+    pub write_part_size: u64,
+    pub write_buffer_size: u64,
+    pub upload_concurrency: usize,
+    /// The disk cache: its directory, its size (None: the default), passthrough wanted.
+    pub cache_dir: Option<PathBuf>,
+    pub cache_dir_size: Option<u64>,
+    pub passthrough: bool,
+}
+
+/// Physical memory (8 GiB if it cannot be read).
+fn ram() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        8 << 30
+    }
+}
+
+/// min(1 GiB, 1/8 of physical memory).
+pub fn default_cache_size() -> u64 {
+    (1u64 << 30).min(ram() / 8)
+}
+
+/// Check the write options; returns (part size, pool size rounded down to whole parts).
+fn write_sizes(part: Option<u64>, pool: Option<u64>) -> Result<(u64, u64), String> {
+    let part = part.unwrap_or(16 << 20);
+    let max_reg = cuobj_ffi::max_registration_size() as u64;
+    let max_part = s3rdma_fs::upload::MAX_PART_BYTES.min(max_reg);
+    if !(s3rdma_fs::upload::MIN_PART_BYTES..=max_part).contains(&part) {
+        return Err(format!(
+            "write part size {part} is out of range; use 5MiB (S3's smallest part) to {max_part} bytes (default 16MiB)"
+        ));
+    }
+    let pool = pool.unwrap_or_else(|| (256u64 << 20).min(ram() / 16).max(2 * part).min(max_reg));
+    if pool < 2 * part {
+        return Err(format!(
+            "write buffer size {pool} holds fewer than 2 parts of {part} bytes; raise --write-buffer-size or lower --write-part-size"
+        ));
+    }
+    if pool > max_reg {
+        return Err(format!(
+            "write buffer size {pool} is above the RDMA registration limit of {max_reg} bytes; lower --write-buffer-size"
+        ));
+    }
+    Ok((part, pool / part * part))
+}
+
+/// `value` (or `default`) if within `lo..=hi`, else an error naming the option and its range.
+fn in_range<T>(what: &str, value: Option<T>, default: T, lo: T, hi: T) -> Result<T, String>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    let v = value.unwrap_or(default);
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{what} {v} is out of range; use {lo} to {hi} (default {default})"
+        ))
+    }
+}
+
+/// Parse `BUCKET`, `BUCKET:PREFIX` or `s3://BUCKET/PREFIX` into (bucket, raw prefix).
+pub fn parse_source(source: &str) -> Result<(String, String), String> {
+    let (bucket, prefix) = if let Some(rest) = source.strip_prefix("s3://") {
+        rest.split_once('/').unwrap_or((rest, ""))
+    } else if source.contains("://") {
+        return Err(format!(
+            "{source:?} is not a bucket: write BUCKET, BUCKET:PREFIX or s3://BUCKET/PREFIX (the endpoint goes in --endpoint-url)"
+        ));
+    } else {
+        source.split_once(':').unwrap_or((source, ""))
+    };
+    names::check_bucket(bucket)?;
+    Ok((bucket.to_string(), prefix.to_string()))
+}
+
+impl Settings {
+    pub fn from_cli(mut cli: Cli) -> Result<Settings, String> {
+        cli.apply_mount_options()?;
+        let (bucket, src_prefix) = parse_source(&cli.source)?;
+        let raw_prefix = match (&cli.prefix, src_prefix.is_empty()) {
+            (Some(p), true) => p.clone(),
+            (Some(p), false) if *p != src_prefix => {
+                return Err(format!(
+                    "two prefixes given: {src_prefix:?} in {:?} and --prefix {p:?}; give one",
+                    cli.source
+                ))
+            }
+            _ => src_prefix,
+        };
+        let prefix = names::normalize_prefix(&raw_prefix)?;
+        if let Some(url) = &cli.endpoint_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "endpoint URL {url:?} must start with http:// or https://, e.g. http://127.0.0.1:8333"
+                ));
+            }
+        }
+        let read_part_size = cli.read_part_size.unwrap_or(8 << 20);
+        let max_part = cuobj_ffi::max_registration_size() as u64;
+        if !(64 << 10..=max_part).contains(&read_part_size) {
+            return Err(format!(
+                "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit; default 8MiB)"
+            ));
+        }
+        let cache_size = cli.cache_size.unwrap_or_else(default_cache_size);
+        if cache_size < 2 * read_part_size {
+            return Err(format!(
+                "cache size {cache_size} holds fewer than 2 read parts of {read_part_size} bytes; raise --cache-size or lower --read-part-size"
+            ));
+        }
+        let max_threads = in_range("max threads", cli.max_threads, 16, 1, 1024)?;
+        let shutdown_grace = cli.shutdown_grace.unwrap_or(Duration::from_secs(30));
+        if shutdown_grace > Duration::from_secs(24 * 3600) {
+            return Err(format!(
+                "shutdown grace {shutdown_grace:?} is out of range; use 0s to 24h (default 30s)"
+            ));
+        }
+        let max_attempts = in_range("max attempts", cli.max_attempts, 6, 1, 100)?;
+        let request_timeout = cli.request_timeout.unwrap_or(Duration::from_secs(30));
+        if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&request_timeout) {
+            return Err(format!(
+                "request timeout {request_timeout:?} is out of range; use 100ms to 1h (default 30s)"
+            ));
+        }
+        for (name, id) in [("uid", cli.uid), ("gid", cli.gid)] {
+            if id == Some(u32::MAX) {
+                return Err(format!(
+                    "{name} 4294967295 is not an id (it means \"no change\" to the kernel); give a real {name}"
+                ));
+            }
+        }
+        let max_inflight_reads =
+            in_range("max inflight reads", cli.max_inflight_reads, 32, 1, 1024)?;
+        let read_ahead_kb = in_range("read ahead (KiB)", cli.read_ahead_kb, 1024, 0, 1 << 20)?;
+        let max_prefetch = cli.max_prefetch.unwrap_or((64 << 20).min(cache_size / 2));
+        if max_prefetch > cache_size / 2 {
+            return Err(format!(
+                "max prefetch {max_prefetch} is above half the cache ({cache_size} bytes): data fetched ahead would push out what is being read; lower --max-prefetch or raise --cache-size"
+            ));
+        }
+        let multipart_copy_threshold = cli.multipart_copy_threshold.unwrap_or(5 << 30);
+        if !(5u64 << 20..=5 << 30).contains(&multipart_copy_threshold) {
+            return Err(format!(
+                "multipart copy threshold {multipart_copy_threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit; default 5GiB)"
+            ));
+        }
+        if cli.cache_dir.is_none() && (cli.cache_dir_size.is_some() || cli.no_passthrough) {
+            return Err("--cache-dir-size and --no-passthrough need --cache-dir DIR".into());
+        }
+        if let Some(size) = cli.cache_dir_size {
+            if size < 64 << 20 {
+                return Err(format!(
+                    "cache dir size {size} is below 64MiB; give more, or leave --cache-dir out"
+                ));
+            }
+        }
+        if let Some(dir) = &cli.cache_dir {
+            if dir.as_os_str().is_empty() {
+                return Err("cache dir is empty; give a directory on a local disk".into());
+            }
+        }
+        if let Some(level) = &cli.log_level {
+            crate::logging::filter(level)?;
+        }
+        if cli.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            return Err("region is empty; give one such as us-east-1, or leave it out".into());
+        }
+        if cli.auto_unmount && !(cli.allow_other || cli.allow_root) {
+            return Err(
+                "--auto-unmount needs --allow-root or --allow-other (fusermount3 implements it only then)".into(),
+            );
+        }
+        if cli.allow_other && cli.allow_root {
+            return Err(
+                "give one of --allow-other and --allow-root (allow-other already includes root)"
+                    .into(),
+            );
+        }
+        let (write_part_size, write_buffer_size) =
+            write_sizes(cli.write_part_size, cli.write_buffer_size)?;
+        let upload_concurrency = in_range("upload concurrency", cli.upload_concurrency, 8, 1, 256)?;
+        let memory = ram();
+        if cache_size.saturating_add(write_buffer_size) > memory {
+            return Err(format!(
+                "cache size {cache_size} plus write buffer {write_buffer_size} bytes exceed this machine's memory ({memory} bytes); both are pinned: lower --cache-size or --write-buffer-size"
+            ));
+        }
+        let metadata_ttl = cli.metadata_ttl.unwrap_or(Duration::from_secs(1));
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Ok(Settings {
+            s3: S3Options {
+                bucket: bucket.clone(),
+                endpoint_url: cli.endpoint_url,
+                region: cli.region,
+                profile: cli.profile,
+                force_path_style: cli.force_path_style,
+                no_sign_request: cli.no_sign_request,
+                max_attempts,
+                connect_timeout: Duration::from_secs(5),
+                request_timeout,
+                rdma: cli.rdma.unwrap_or_default(),
+                rdma_accept_206_200: cli.rdma_accept_206_200,
+                static_credentials: None,
+            },
+            fs: FsConfig {
+                uid: cli.uid.unwrap_or(uid),
+                gid: cli.gid.unwrap_or(gid),
+                file_mode: cli.file_mode.unwrap_or(0o644),
+                dir_mode: cli.dir_mode.unwrap_or(0o755),
+                metadata_ttl,
+                negative_ttl: cli.negative_metadata_ttl.unwrap_or(metadata_ttl),
+                read: ReadConfig {
+                    part_size: read_part_size,
+                    max_prefetch,
+                },
+                direct_io: cli.direct_io,
+                read_only: cli.read_only,
+                file_metadata: !cli.no_file_metadata,
+                dir_markers: cli.dir_markers,
+                multipart_copy_threshold,
+                open_trusts_metadata: cli.open_trusts_metadata,
+            },
+            bucket,
+            prefix,
+            mountpoint: cli.mountpoint,
+            read_only: cli.read_only,
+            allow_other: cli.allow_other,
+            allow_root: cli.allow_root,
+            auto_unmount: cli.auto_unmount,
+            foreground: cli.foreground,
+            max_threads,
+            shutdown_grace,
+            log_level: cli.log_level.unwrap_or_else(|| "info".into()),
+            log_file: cli.log_file,
+            stats_file: cli.stats_file,
+            kernel_flags: cli.kernel_flags,
+            cache_size,
+            max_inflight_reads,
+            read_ahead_kb,
+            write_part_size,
+            write_buffer_size,
+            upload_concurrency,
+            passthrough: !cli.no_passthrough,
+            cache_dir: cli.cache_dir,
+            cache_dir_size: cli.cache_dir_size,
+        })
+    }
+
+    /// The source as shown in /proc/mounts.
+    pub fn fsname(&self) -> String {
+        if self.prefix.is_empty() {
+            self.bucket.clone()
+        } else {
+            format!("{}:{}", self.bucket, self.prefix)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn settings(args: &[&str]) -> Result<Settings, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        Settings::from_cli(cli)
+    }
+
+    #[test]
+    fn sources() {
+        assert_eq!(parse_source("bkt").unwrap(), ("bkt".into(), "".into()));
+        assert_eq!(
+            parse_source("bkt:a/b").unwrap(),
+            ("bkt".into(), "a/b".into())
+        );
+        assert_eq!(
+            parse_source("s3://bkt/a/b/").unwrap(),
+            ("bkt".into(), "a/b/".into())
+        );
+        assert_eq!(parse_source("s3://bkt").unwrap(), ("bkt".into(), "".into()));
+        assert!(parse_source("http://host/bkt")
+            .unwrap_err()
+            .contains("--endpoint-url"));
+        assert!(parse_source("Bad Bucket").is_err());
+    }
+
+    #[test]
+    fn flags_and_o_options_agree() {
+        let a = settings(&[
+            "s3rdma",
+            "b1b",
+            "/mnt",
+            "--endpoint-url",
+            "http://127.0.0.1:1",
+            "--force-path-style",
+            "--read-only",
+            "--uid",
+            "7",
+            "--file-mode",
+            "0600",
+            "--metadata-ttl",
+            "5s",
+            "--read-part-size",
+            "4MiB",
+            "--max-threads",
+            "4",
+            "--prefix",
+            "p",
+        ])
+        .unwrap();
+        let b = settings(&[
+            "s3rdma", "b1b", "/mnt", "-o",
+            "endpoint_url=http://127.0.0.1:1,force_path_style,ro,uid=7,file_mode=0600",
+            "-o", "metadata_ttl=5s,read_part_size=4M,max_threads=4,prefix=p,_netdev,nofail,x-systemd.automount",
+        ])
+        .unwrap();
+        assert_eq!(format!("{:?}", a.s3), format!("{:?}", b.s3));
+        assert_eq!(format!("{:?}", a.fs), format!("{:?}", b.fs));
+        assert_eq!(a.prefix, "p/");
+        assert!(a.read_only && b.read_only);
+        assert_eq!(b.max_threads, 4);
+    }
+
+    #[test]
+    fn every_flag_has_an_o_spelling() {
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let key = long.replace('-', "_");
+            let mut cli = Cli::default();
+            // Flags take no value; options take one that parses for their type.
+            let sample = match key.as_str() {
+                "file_mode" | "dir_mode" => Some("0644"),
+                "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
+                "read_part_size"
+                | "max_prefetch"
+                | "cache_size"
+                | "write_part_size"
+                | "write_buffer_size"
+                | "multipart_copy_threshold" => Some("8MiB"),
+                "endpoint_url" => Some("http://127.0.0.1:1"),
+                "rdma" => Some("auto"),
+                _ if arg.get_action().takes_values() => Some("1"),
+                _ => None,
+            };
+            cli.apply_option(&key, sample)
+                .unwrap_or_else(|e| panic!("--{long} has no -o {key}: {e}"));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_input_with_a_hint() {
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "colour=blue"]).unwrap_err();
+        assert!(e.contains("unknown mount option 'colour'"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "uid"]).unwrap_err();
+        assert!(e.contains("needs a value"), "{e}");
+        let e = settings(&["s3rdma", "bkt:a//b", "/m"]).unwrap_err();
+        assert!(e.contains("empty path segment"), "{e}");
+        let e = settings(&["s3rdma", "bkt:a", "/m", "--prefix", "b"]).unwrap_err();
+        assert!(e.contains("two prefixes"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--endpoint-url", "127.0.0.1:9000"]).unwrap_err();
+        assert!(e.contains("http://"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--auto-unmount"]).unwrap_err();
+        assert!(e.contains("--allow-root"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "read_part_size=12XB"]).unwrap_err();
+        assert!(e.contains("read_part_size") && e.contains("unit"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--write-part-size", "1MiB"]).unwrap_err();
+        assert!(e.contains("5MiB"), "{e}");
+        let e = settings(&[
+            "s3rdma",
+            "bkt",
+            "/m",
+            "-o",
+            "write_part_size=16M,write_buffer_size=20M",
+        ])
+        .unwrap_err();
+        assert!(e.contains("fewer than 2 parts"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "--write-buffer-size", "8GiB"]).unwrap_err();
+        assert!(e.contains("registration limit"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "upload_concurrency=0"]).unwrap_err();
+        assert!(e.contains("upload concurrency"), "{e}");
+        let e = settings(&["s3rdma", "bkt", "/m", "-o", "shutdown_grace=25h"]).unwrap_err();
+        assert!(e.contains("shutdown grace"), "{e}");
+        let s = settings(&["s3rdma", "bkt", "/m", "--shutdown-grace", "2s"]).unwrap();
+        assert_eq!(s.shutdown_grace, Duration::from_secs(2));
+        let s = settings(&["s3rdma", "bkt", "/m"]).unwrap();
+        assert_eq!(s.shutdown_grace, Duration::from_secs(30));
+        let s = settings(&["s3rdma", "bkt", "/m", "-o", "write_buffer_size=100M"]).unwrap();
+        assert_eq!(
+            (s.write_part_size, s.write_buffer_size),
+            (16 << 20, 96 << 20)
+        );
+    }
+
+    /// Normalise an option name or message for comparison: `--max-attempts`, `max_attempts`
+    /// and "max attempts" all read "max attempts".
+    fn norm(s: &str) -> String {
+        s.to_lowercase().replace(['-', '_'], " ")
+    }
+
+    /// [S-START-ARGS] Every option that takes a value refuses malformed and out-of-range values,
+    /// given as a flag and as `-o`, with a message that names it; every boolean option refuses
+    /// a value that is not a boolean. An option added later without a row here fails the test.
+    #[test]
+    fn every_option_refuses_bad_values_by_name() {
+        // (option, bad value, what the message must contain, option name normalised).
+        let rows: &[(&str, &str, &str)] = &[
+            ("endpoint_url", "localhost:9000", "must start with http://"),
+            ("endpoint_url", "s3.example.com", "must start with http://"),
+            ("region", "", "region is empty"),
+            ("region", " ", "region is empty"),
+            ("prefix", "/abs", "starts with '/'"),
+            ("prefix", "a//b", "empty path segment"),
+            ("rdma", "sometimes", "rdma"),
+            ("rdma", "", "rdma"),
+            ("max_attempts", "0", "max attempts"),
+            ("max_attempts", "101", "max attempts"),
+            ("max_attempts", "-1", "max attempts"),
+            ("max_attempts", "4294967297", "max attempts"),
+            ("request_timeout", "0s", "request timeout"),
+            ("request_timeout", "50ms", "request timeout"),
+            ("request_timeout", "2h", "request timeout"),
+            ("request_timeout", "soon", "request timeout"),
+            ("uid", "4294967295", "uid"),
+            ("uid", "4294967296", "uid"),
+            ("uid", "root", "uid"),
+            ("gid", "4294967295", "gid"),
+            ("gid", "-1", "gid"),
+            ("file_mode", "0888", "file mode"),
+            ("file_mode", "17777", "file mode"),
+            ("dir_mode", "rwx", "dir mode"),
+            ("max_threads", "0", "max threads"),
+            ("max_threads", "1025", "max threads"),
+            ("max_threads", "18446744073709551616", "max threads"),
+            ("shutdown_grace", "25h", "shutdown grace"),
+            ("shutdown_grace", "-1s", "shutdown grace"),
+            ("metadata_ttl", "forever", "metadata ttl"),
+            (
+                "negative_metadata_ttl",
+                "1 fortnight",
+                "negative metadata ttl",
+            ),
+            ("read_part_size", "32KiB", "read part size"),
+            ("read_part_size", "12XB", "read part size"),
+            ("read_part_size", "8GiB", "read part size"),
+            ("cache_size", "1MiB", "cache size"),
+            ("cache_size", "100TiB", "cache size"),
+            ("max_inflight_reads", "0", "max inflight reads"),
+            ("max_inflight_reads", "5000", "max inflight reads"),
+            ("read_ahead_kb", "2000000", "read ahead"),
+            ("read_ahead_kb", "-5", "read ahead"),
+            ("max_prefetch", "1TiB", "max prefetch"),
+            ("max_prefetch", "lots", "max prefetch"),
+            ("write_part_size", "1MiB", "write part size"),
+            ("write_part_size", "6GiB", "write part size"),
+            ("write_buffer_size", "20MiB", "write buffer size"),
+            ("write_buffer_size", "8GiB", "write buffer size"),
+            (
+                "multipart_copy_threshold",
+                "1MiB",
+                "multipart copy threshold",
+            ),
+            (
+                "multipart_copy_threshold",
+                "6GiB",
+                "multipart copy threshold",
+            ),
+            ("upload_concurrency", "0", "upload concurrency"),
+            ("upload_concurrency", "257", "upload concurrency"),
+            ("log_level", "s3rdma=loud", "log level"),
+            ("cache_dir", "", "cache dir"),
+            ("cache_dir_size", "1MiB", "cache dir size"),
+            ("cache_dir_size", "lots", "cache dir size"),
+        ];
+        // Options whose values are checked when the daemon starts, not here: named files and
+        // the AWS profile (tests/integration/startup.rs covers them).
+        let at_startup = ["log_file", "stats_file", "profile"];
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let key = long.replace('-', "_");
+            if arg.get_action().takes_values() {
+                assert!(
+                    at_startup.contains(&key.as_str()) || rows.iter().any(|r| r.0 == key),
+                    "--{long} has no bad-value row"
+                );
+            } else {
+                // A boolean: -o key=maybe is refused by name; key=no is accepted.
+                let e = settings(&["s3rdma", "bkt", "/m", "-o", &format!("{key}=maybe")])
+                    .expect_err(&key);
+                assert!(norm(&e).contains(&norm(&key)), "{key}: {e}");
+                let mut cli = Cli::default();
+                cli.apply_option(&key, Some("no")).expect(&key);
+            }
+        }
+        for (key, bad, needle) in rows {
+            let flag = format!("--{}={bad}", key.replace('_', "-"));
+            let opt = format!("{key}={bad}");
+            for args in [
+                vec!["s3rdma", "bkt", "/m", flag.as_str()],
+                vec!["s3rdma", "bkt", "/m", "-o", opt.as_str()],
+            ] {
+                let e = match settings(&args) {
+                    Ok(_) => panic!("{args:?} was accepted"),
+                    Err(e) => e,
+                };
+                assert!(norm(&e).contains(&norm(needle)), "{args:?}: {e}");
+                assert!(!e.contains("panicked"), "{args:?}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn escaped_commas_and_ro_rw_order() {
+        assert_eq!(split_options(r"a,b=c\,d, e"), ["a", "b=c,d", "e"]);
+        let s = settings(&["s3rdma", "bkt", "/m", "-o", "ro,rw"]).unwrap();
+        assert!(!s.read_only);
+        let s = settings(&[
+            "s3rdma", "bkt", "/m", "-o", "rw", "-o", "ro", "-o", "noexec",
+        ])
+        .unwrap();
+        assert!(s.read_only);
+        assert_eq!(s.kernel_flags, vec![MountOption::NoExec]);
+    }
+}

@@ -1,0 +1,13 @@
+//! s3rdma: the binary's library half: command line, mount, daemon, lifecycle, logging, and the
+//! `stats` / `warm` subcommands. The filesystem itself is `s3rdma-fs`; the object store seam is
+//! `s3rdma-client`.
+
+pub mod cli;
+pub mod daemon;
+pub mod lifecycle;
+pub mod logging;
+pub mod mount;
+mod robustness;
+pub mod startup;
+pub mod stats;
+pub mod warm;
