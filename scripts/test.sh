@@ -17,5 +17,5 @@ quick=$(mktemp -d /tmp/s3rdma-bench-quick.XXXXXX)
 scripts/bench --quick --out "$quick/quick.md"
 rm -rf "$quick"
 echo "== cargo test (the integration tests run the binaries of two crates: build them first)"
-cargo build --workspace --release --locked --bins
+cargo build --workspace --release --locked --bins --examples
 cargo test --workspace --release --locked

@@ -5,11 +5,15 @@
 
 pub mod control;
 pub mod dir;
+mod fuse;
 pub mod inode;
 pub mod names;
 pub mod namespace;
 pub mod probe;
 pub mod write;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -18,13 +22,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    BackingId, Errno, FileAttr, FileType, FopenFlags, INodeNo, Notifier, OpenAccMode, OpenFlags,
+    ReplyOpen,
 };
 use tokio::runtime::Handle;
-use tracing::{debug, debug_span, info, warn};
+use tracing::{debug, warn};
 
 use crate::cache::Cache;
 use crate::diskcache::{CachedFile, DiskCache};
@@ -470,7 +472,7 @@ impl<S: ObjectStore> S3Fs<S> {
             if let Some(w) = self.writing(child.ino) {
                 return Ok(self.attr(&child, &w.stat()));
             }
-            if self.is_local_dir(child.ino) {
+            if child.kind == Kind::Dir && self.is_local_dir(child.ino) {
                 return Ok(self.attr(&child, &self.dir_stat()));
             }
             if let Some(stat) = child.fresh_stat(now) {
@@ -765,6 +767,14 @@ impl<S: ObjectStore> S3Fs<S> {
                     (child, dir_stat.clone())
                 }
                 Listed::File(info) => {
+                    // A directory made in this mount wins over a file another client stored
+                    // under the same name since [S-NS-CLASH].
+                    if let Some(c) = self.inodes.child(inode.ino, name) {
+                        if c.kind == Kind::Dir && self.is_local_dir(c.ino) {
+                            self.log_hidden(&info.key, "a directory of the same name exists");
+                            continue;
+                        }
+                    }
                     let key = info.key.clone();
                     let child = self.inodes.upsert_child(inode.ino, name, Kind::File, key);
                     let stat = Stat::from(info).inherit(child.last_stat().as_ref());
@@ -937,147 +947,11 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 }
 
-impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // ATOMIC_O_TRUNC: open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN + SETATTR.
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
-        if let Err(missing) = config.add_capabilities(wanted) {
-            debug!(?missing, "kernel lacks some FUSE capabilities");
-        }
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        if let Err(max) = config.set_max_readahead(1 << 20) {
-            let _ = config.set_max_readahead(max);
-        }
-        if self.disk.is_some() && self.passthrough_wanted {
-            // The kernel serves files of the disk cache itself: one level of stacking.
-            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
-                Ok(()) if config.set_max_stack_depth(1).is_ok() => {
-                    self.passthrough.store(true, Ordering::Relaxed);
-                    info!("FUSE passthrough on: files in the disk cache are read by the kernel directly");
-                }
-                _ => info!("the kernel does not offer FUSE passthrough (Linux 6.9+); files in the disk cache are served by the daemon"),
-            }
-        }
-        info!(bucket = self.s3.bucket(), "filesystem initialised");
-        Ok(())
-    }
-
-    /// The session ended (unmounted, or the connection was aborted). A file still open for
-    /// writing now can never be closed by its writer: abort it, so no multipart upload is left.
-    fn destroy(&mut self) {
-        let control = self.control();
-        let aborted = self.rt.block_on(async {
-            tokio::time::timeout(
-                Duration::from_secs(60),
-                control.abort_writes("the mount ended (unmounted lazily, or its FUSE connection was aborted) while the file was open for writing"),
-            )
-            .await
-        });
-        match aborted {
-            Ok(keys) if keys.is_empty() => {}
-            Ok(keys) => warn!(count = keys.len(), keys = ?keys, "files still open for writing when the mount ended were not stored"),
-            Err(_) => warn!("aborting the files still being written took over 60 s; some multipart uploads may be left (a bucket lifecycle rule removes them)"),
-        }
-        if let Some(up) = &self.uploader {
-            let left = self
-                .rt
-                .block_on(up.wait_for_aborts(Duration::from_secs(30)));
-            if left > 0 {
-                warn!(count = left, "multipart uploads of failed writes could not be aborted (the endpoint is still failing); a bucket lifecycle rule removes them");
-            }
-        }
-        // No handle can be used again: let go of their cache blocks and write buffers.
-        self.lock_files().clear();
-        self.lock_dirs().clear();
-        // Passthrough registrations go while the FUSE connection can still take them back.
-        self.lock_pass().live.clear();
-        if let Some(d) = &self.disk {
-            d.detach_all();
-        }
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _s = debug_span!("fuse", op = "lookup", parent = parent.0, name = ?name).entered();
-        match self.do_lookup(parent.0, name) {
-            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _s = debug_span!("fuse", op = "getattr", ino = ino.0).entered();
-        match self.do_getattr(ino.0) {
-            Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _s = debug_span!("fuse", op = "open", ino = ino.0).entered();
-        match self.do_open(ino.0, flags, req.pid(), Some(&reply)) {
-            Ok(Opened::Plain(fh, fl)) => reply.opened(FileHandle(fh), fl),
-            Ok(Opened::Passthrough(fh, fl, backing)) => {
-                reply.opened_passthrough(FileHandle(fh), fl, &backing)
-            }
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let _s = debug_span!("fuse", op = "read", ino = ino.0, offset, size).entered();
-        match self.do_read(fh.0, offset, size) {
-            Ok(data) => reply.data(data.as_slice()),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn flush(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _lo: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        let _s = debug_span!("fuse", op = "flush", ino = ino.0).entered();
-        match self.do_flush(fh.0, req.pid()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        let _s = debug_span!("fuse", op = "fsync", ino = ino.0).entered();
-        match self.do_fsync(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        let file = self.lock_files().remove(&fh.0);
+impl<S: ObjectStore> S3Fs<S> {
+    /// The last handle of an open file is closed (the kernel's RELEASE): its reader, disk cache
+    /// hold or write goes.
+    fn do_release(&self, fh: u64) {
+        let file = self.lock_files().remove(&fh);
         match file.as_deref() {
             Some(OpenFile::Read(ino, reader)) => {
                 if reader.cached_mode() {
@@ -1097,158 +971,11 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
             None => {}
         }
-        reply.ok();
     }
 
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let _s = debug_span!("fuse", op = "create", parent = parent.0, name = ?name).entered();
-        if self.cfg.read_only {
-            return reply.error(Errno::EROFS);
-        }
-        match self.do_create(
-            parent.0,
-            name,
-            (req.pid(), req.uid(), req.gid()),
-            mode & !umask,
-        ) {
-            Ok((attr, fh)) => reply.created(
-                &self.entry_ttl(),
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_DIRECT_IO,
-            ),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let _s = debug_span!("fuse", op = "write", ino = ino.0, offset, len = data.len()).entered();
-        match self.do_write(fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let _s = debug_span!("fuse", op = "setattr", ino = ino.0).entered();
-        let _ = atime;
-        let set = namespace::SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            mtime: mtime.map(|t| match t {
-                TimeOrNow::Now => SystemTime::now(),
-                TimeOrNow::SpecificTime(t) => t,
-            }),
-        };
-        match self.do_setattr(ino.0, set) {
-            Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn mkdir(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let _s = debug_span!("fuse", op = "mkdir", parent = parent.0, name = ?name).entered();
-        if self.cfg.read_only {
-            return reply.error(Errno::EROFS);
-        }
-        match self.do_mkdir(parent.0, name, mode & !umask) {
-            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _s = debug_span!("fuse", op = "rmdir", parent = parent.0, name = ?name).entered();
-        if self.cfg.read_only {
-            return reply.error(Errno::EROFS);
-        }
-        match self.do_rmdir(parent.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _s = debug_span!("fuse", op = "unlink", parent = parent.0, name = ?name).entered();
-        if self.cfg.read_only {
-            return reply.error(Errno::EROFS);
-        }
-        match self.do_unlink(parent.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let _s = debug_span!("fuse", op = "rename", parent = parent.0, name = ?name, newparent = newparent.0, newname = ?newname).entered();
-        if self.cfg.read_only {
-            return reply.error(Errno::EROFS);
-        }
-        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.inodes.get(ino.0) {
+    /// Open directory `ino` for listing; returns its handle.
+    fn do_opendir(&self, ino: u64) -> FsResult<u64> {
+        match self.inodes.get(ino) {
             Some(i) if i.kind == Kind::Dir => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
                 self.lock_dirs().insert(
@@ -1257,128 +984,14 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                         entries: Mutex::new(None),
                     }),
                 );
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+                Ok(fh)
             }
-            Some(_) => reply.error(Errno::ENOTDIR),
-            None => reply.error(Errno::ENOENT),
+            Some(_) => Err(Errno::ENOTDIR),
+            None => Err(Errno::ENOENT),
         }
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let _s = debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
-        let entries = match self.dir_entries(ino.0, fh.0, offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
-        };
-        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(e.attr.ino, i as u64 + 1, e.attr.kind, &e.name) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let _s = debug_span!("fuse", op = "readdirplus", ino = ino.0, offset).entered();
-        let entries = match self.dir_entries(ino.0, fh.0, offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
-        };
-        let ttl = entries.ttl;
-        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(
-                e.attr.ino,
-                i as u64 + 1,
-                &e.name,
-                &ttl,
-                &e.attr,
-                Generation(0),
-            ) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.lock_dirs().remove(&fh.0);
-        reply.ok();
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // An object store has no fixed capacity: report 1 PiB, like other S3 file systems, so
-        // that tools which check free space before writing do not refuse. S3 has no cheap
-        // "bucket size": what is used is what this mount has written since it was mounted.
-        const BLOCKS: u64 = (1u64 << 50) / BLOCK_SIZE as u64;
-        const FILES: u64 = 1 << 32;
-        let (written, files) = self.uploader.as_ref().map_or((0, 0), |u| {
-            (
-                u.stats.bytes_written.load(Ordering::Relaxed),
-                u.stats.objects_written.load(Ordering::Relaxed),
-            )
-        });
-        let used = written.div_ceil(BLOCK_SIZE as u64);
-        let free = BLOCKS.saturating_sub(used);
-        reply.statfs(
-            BLOCKS,
-            free,
-            free,
-            FILES,
-            FILES.saturating_sub(files),
-            BLOCK_SIZE,
-            names::NAME_MAX as u32,
-            BLOCK_SIZE,
-        );
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        // The root's counters, and whether a file is in the disk cache; anything else is
-        // unsupported (EOPNOTSUPP, not ENOSYS, which would make the kernel stop asking).
-        let text = if ino.0 == ROOT_INO && name == STATS_XATTR {
-            self.stats_text()
-        } else if name == s3rdma_proto::xattr::CACHED && self.disk.is_some() {
-            match self.is_disk_cached(ino.0) {
-                Some(yes) => String::from(if yes { "1" } else { "0" }),
-                None => return reply.error(Errno::ENOENT),
-            }
-        } else {
-            return reply.error(Errno::EOPNOTSUPP);
-        };
-        if size == 0 {
-            reply.size(text.len() as u32);
-        } else if text.len() > size as usize {
-            reply.error(Errno::ERANGE);
-        } else {
-            reply.data(text.as_bytes());
-        }
-    }
-
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        // Permissions are checked by the kernel (default_permissions); existence here.
-        match self.inodes.get(ino.0) {
-            Some(_) => reply.ok(),
-            None => reply.error(Errno::ENOENT),
-        }
+    fn do_releasedir(&self, fh: u64) {
+        self.lock_dirs().remove(&fh);
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Instant, SystemTime};
 use fuser::{Errno, FileAttr, RenameFlags};
 use tracing::{debug, info, warn};
 
-use super::inode::{Inode, Kind, Stat};
+use super::inode::{Inode, Kind, Stat, ROOT_INO};
 use super::{errno, names, FsResult, S3Fs};
 use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, PutSource, S3ErrorKind};
 
@@ -41,19 +41,44 @@ impl SetAttr {
 }
 
 impl<S: ObjectStore> S3Fs<S> {
-    pub(super) fn is_local_dir(&self, ino: u64) -> bool {
-        self.local_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&ino)
+    /// The directories made in this mount (and not removed since).
+    fn made_here(&self) -> Vec<u64> {
+        let set = self.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
+        set.iter().copied().collect()
     }
 
+    /// `ino` and its parents up to the root.
+    fn ancestry(&self, ino: u64) -> impl Iterator<Item = Arc<Inode>> + '_ {
+        std::iter::successors(self.inodes.get(ino), move |i| {
+            (i.ino != ROOT_INO)
+                .then(|| self.inodes.get(i.parent))
+                .flatten()
+        })
+    }
+
+    /// Whether directory `ino` exists in this mount whatever S3 says: it was made here, or a
+    /// directory made here lies below it (a directory exists while it has an entry).
+    pub(super) fn is_local_dir(&self, ino: u64) -> bool {
+        self.made_here()
+            .into_iter()
+            .any(|l| self.ancestry(l).any(|i| i.ino == ino))
+    }
+
+    /// The directories in `parent` that exist in this mount whatever S3 says (see
+    /// [`S3Fs::is_local_dir`]).
     pub(super) fn local_dirs_in(&self, parent: u64) -> Vec<Arc<Inode>> {
-        let set = self.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
-        set.iter()
-            .filter_map(|i| self.inodes.get(*i))
-            .filter(|i| i.parent == parent)
-            .collect()
+        let mut out: Vec<Arc<Inode>> = Vec::new();
+        for l in self.made_here() {
+            let child = self
+                .ancestry(l)
+                .find(|i| i.parent == parent && i.ino != parent);
+            if let Some(c) = child {
+                if !out.iter().any(|o| o.ino == c.ino) {
+                    out.push(c);
+                }
+            }
+        }
+        out
     }
 
     pub(super) fn dir_meta(&self, ino: u64) -> Option<FileMeta> {

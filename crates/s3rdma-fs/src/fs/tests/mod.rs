@@ -1,0 +1,293 @@
+//! The filesystem logic driven without FUSE, root or a server: `S3Fs` over the in-memory store
+//! (wrapped in the fault injector), called the way the FUSE adapter calls it. Request counts
+//! come from the store's counters, not from logs. `model.rs` checks generated operation
+//! sequences against a reference model of SEMANTICS.md.
+
+mod model;
+mod unit;
+
+use std::ffi::OsStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, FileType, OpenFlags, RenameFlags};
+use s3rdma_client::testing::{Faulty, MemStore};
+
+use super::inode::ROOT_INO;
+use super::namespace::SetAttr;
+use super::{FsConfig, S3Fs};
+use crate::cache::Cache;
+use crate::read::ReadConfig;
+use crate::upload::pool::WritePool;
+use crate::upload::Uploader;
+
+pub(super) type Store = Faulty<MemStore>;
+
+/// Cache and part blocks: S3's smallest part, so a file of more than 5 MiB is a multipart
+/// upload, as on a real mount with the smallest `--write-part-size`.
+const BLOCK: usize = 5 << 20;
+
+/// A filesystem over an in-memory bucket, with its own runtime.
+pub(super) struct Fx {
+    pub store: Store,
+    pub fs: S3Fs<Store>,
+    cfg: FsConfig,
+    // Dropped last: the filesystem's tasks run on it (only held here).
+    _rt: tokio::runtime::Runtime,
+}
+
+/// Settings of a mount that trusts nothing it learnt (TTLs 0): every answer comes from the
+/// store, so the model can compare each step with the bucket.
+pub(super) fn strict_config() -> FsConfig {
+    FsConfig {
+        uid: 1000,
+        gid: 1000,
+        file_mode: 0o644,
+        dir_mode: 0o755,
+        metadata_ttl: Duration::ZERO,
+        negative_ttl: Duration::ZERO,
+        read: ReadConfig {
+            part_size: BLOCK as u64,
+            max_prefetch: 2 * BLOCK as u64,
+        },
+        direct_io: false,
+        read_only: false,
+        file_metadata: true,
+        dir_markers: false,
+        multipart_copy_threshold: 5 << 30,
+        open_trusts_metadata: false,
+    }
+}
+
+impl Fx {
+    pub fn new() -> Fx {
+        Fx::with_config(strict_config())
+    }
+
+    pub fn with_config(cfg: FsConfig) -> Fx {
+        Fx::over(Faulty::new(MemStore::new("bucket")), cfg)
+    }
+
+    /// A mount of `store` (e.g. a remount of another fixture's bucket).
+    pub fn over(store: Store, cfg: FsConfig) -> Fx {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let cache = Arc::new(Cache::new(store.clone(), BLOCK, 8, 8).expect("cache"));
+        let uploader = (!cfg.read_only).then(|| {
+            let pool = Arc::new(WritePool::new(BLOCK, 4, false).expect("write pool"));
+            Arc::new(Uploader::new(store.clone(), rt.handle().clone(), pool, 2))
+        });
+        let fs = S3Fs::new(
+            rt.handle().clone(),
+            store.clone(),
+            cache,
+            "",
+            cfg.clone(),
+            Arc::new(OnceLock::new()),
+            uploader,
+        );
+        Fx {
+            store,
+            fs,
+            cfg,
+            _rt: rt,
+        }
+    }
+
+    /// The same bucket mounted again (what a remount keeps: only the bucket).
+    pub fn remount(self) -> Fx {
+        let (store, cfg) = (self.store.clone(), self.cfg.clone());
+        drop(self);
+        Fx::over(store, cfg)
+    }
+
+    pub fn mem(&self) -> &MemStore {
+        self.store.inner()
+    }
+
+    /// The inode of `path` ("" is the root), looked up one name at a time as the kernel does.
+    pub fn resolve(&self, path: &str) -> Result<FileAttr, Errno> {
+        let mut attr = self.fs.do_getattr(ROOT_INO)?;
+        for name in path.split('/').filter(|s| !s.is_empty()) {
+            if attr.kind != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            attr = self.fs.do_lookup(attr.ino.0, OsStr::new(name))?;
+        }
+        Ok(attr)
+    }
+
+    /// The parent directory's inode and the last name of `path`.
+    fn parent_of<'a>(&self, path: &'a str) -> Result<(u64, &'a str), Errno> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let p = self.resolve(dir)?;
+        if p.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok((p.ino.0, name))
+    }
+
+    pub fn stat(&self, path: &str) -> Result<FileAttr, Errno> {
+        let a = self.resolve(path)?;
+        self.fs.do_getattr(a.ino.0)
+    }
+
+    fn pid() -> u32 {
+        std::process::id()
+    }
+
+    /// Open for reading; the handle.
+    pub fn open_read(&self, path: &str) -> Result<u64, Errno> {
+        let a = self.resolve(path)?;
+        match self
+            .fs
+            .do_open(a.ino.0, OpenFlags(libc::O_RDONLY), Self::pid(), None)?
+        {
+            super::Opened::Plain(fh, _) | super::Opened::Passthrough(fh, _, _) => Ok(fh),
+        }
+    }
+
+    /// `len` bytes at `offset` of an open handle.
+    pub fn pread(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+        Ok(self.fs.do_read(fh, offset, len)?.as_slice().to_vec())
+    }
+
+    /// The whole file, read as `cat` would (1 MiB reads until a short one).
+    pub fn read(&self, path: &str) -> Result<Vec<u8>, Errno> {
+        let fh = self.open_read(path)?;
+        let mut out = Vec::new();
+        let result = loop {
+            match self.pread(fh, out.len() as u64, 1 << 20) {
+                Ok(chunk) if chunk.is_empty() => break Ok(()),
+                Ok(chunk) => out.extend_from_slice(&chunk),
+                Err(e) => break Err(e),
+            }
+        };
+        self.fs.do_release(fh);
+        result.map(|()| out)
+    }
+
+    /// `open(O_WRONLY|O_CREAT|O_TRUNC)`, as `cp` and shell redirections do: a new file is
+    /// created, an existing one opened with `O_TRUNC`.
+    pub fn create_or_truncate(&self, path: &str) -> Result<u64, Errno> {
+        match self.resolve(path) {
+            Ok(a) => {
+                let flags = OpenFlags(libc::O_WRONLY | libc::O_TRUNC);
+                match self.fs.do_open(a.ino.0, flags, Self::pid(), None)? {
+                    super::Opened::Plain(fh, _) | super::Opened::Passthrough(fh, _, _) => Ok(fh),
+                }
+            }
+            Err(e) if e == Errno::ENOENT => {
+                let (parent, name) = self.parent_of(path)?;
+                let (_, fh) = self.fs.do_create(
+                    parent,
+                    OsStr::new(name),
+                    (Self::pid(), 1000, 1000),
+                    0o644,
+                )?;
+                Ok(fh)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `create`/`O_TRUNC`, sequential writes of `chunk` bytes, then `close` (flush + release);
+    /// the first error.
+    pub fn write_chunked(&self, path: &str, data: &[u8], chunk: usize) -> Result<(), Errno> {
+        let fh = self.create_or_truncate(path)?;
+        let mut result = Ok(());
+        for (i, piece) in data.chunks(chunk.max(1)).enumerate() {
+            if let Err(e) = self.fs.do_write(fh, (i * chunk) as u64, piece) {
+                result = Err(e);
+                break;
+            }
+        }
+        let closed = self.close(fh);
+        result.and(closed)
+    }
+
+    pub fn write(&self, path: &str, data: &[u8]) -> Result<(), Errno> {
+        self.write_chunked(path, data, 1 << 20)
+    }
+
+    /// `close`: flush by the opener, then the release.
+    pub fn close(&self, fh: u64) -> Result<(), Errno> {
+        let flushed = self.fs.do_flush(fh, Self::pid());
+        self.fs.do_release(fh);
+        flushed
+    }
+
+    /// The names `readdir` gives (without `.` and `..`), sorted.
+    pub fn ls(&self, path: &str) -> Result<Vec<String>, Errno> {
+        let a = self.resolve(path)?;
+        let fh = self.fs.do_opendir(a.ino.0)?;
+        let entries = self.fs.dir_entries(a.ino.0, fh, 0);
+        self.fs.do_releasedir(fh);
+        let mut names: Vec<String> = entries?
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// `mkdir`: like the kernel, a name that looks up is EEXIST before the filesystem is asked.
+    pub fn mkdir(&self, path: &str) -> Result<(), Errno> {
+        let (parent, name) = self.parent_of(path)?;
+        if self.fs.do_lookup(parent, OsStr::new(name)).is_ok() {
+            return Err(Errno::EEXIST);
+        }
+        self.fs
+            .do_mkdir(parent, OsStr::new(name), 0o755)
+            .map(|_| ())
+    }
+
+    pub fn rmdir(&self, path: &str) -> Result<(), Errno> {
+        let (parent, name) = self.parent_of(path)?;
+        self.fs.do_rmdir(parent, OsStr::new(name))
+    }
+
+    pub fn unlink(&self, path: &str) -> Result<(), Errno> {
+        let (parent, name) = self.parent_of(path)?;
+        self.fs.do_unlink(parent, OsStr::new(name))
+    }
+
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), Errno> {
+        let (p1, n1) = self.parent_of(from)?;
+        let (p2, n2) = self.parent_of(to)?;
+        self.fs
+            .do_rename(p1, OsStr::new(n1), p2, OsStr::new(n2), RenameFlags::empty())
+    }
+
+    pub fn setattr(&self, path: &str, set: SetAttr) -> Result<FileAttr, Errno> {
+        let a = self.resolve(path)?;
+        self.fs.do_setattr(a.ino.0, set)
+    }
+
+    /// Wait (at most 10 s) until no multipart upload is open in the bucket: aborts run in the
+    /// background. Whether none is.
+    pub fn no_uploads_left(&self) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.mem().pending_uploads().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.mem().pending_uploads().is_empty()
+    }
+}
+
+/// Whether the store answers HeadObject for `key` (a test helper that counts no request).
+pub(super) fn exists(store: &Store, key: &str) -> bool {
+    store.inner().info(key).is_some()
+}
+
+/// Bytes that differ from one offset to the next and from one seed to another.
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
+        .collect()
+}

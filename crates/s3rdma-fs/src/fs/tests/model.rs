@@ -1,0 +1,482 @@
+//! Reference-model tests: generated sequences of local operations (write, read, unlink, rename,
+//! mkdir, rmdir, chmod, truncate), another client's PUTs and DELETEs (including keys no Linux
+//! path can name and keys that clash with directories), outages during a write, and remounts,
+//! run on `S3Fs` over the in-memory store with every TTL at 0. After every step the model —
+//! the bucket's keys as SEMANTICS.md says each operation leaves them, plus the directories made
+//! in this mount — is compared with the bucket and with what the filesystem shows (listings,
+//! stat, bytes). A failure shrinks to a minimal sequence.
+//!
+//! `S3RDMA_MODEL_CASES=N` runs N sequences (CI: the default 48, fixed seed);
+//! `S3RDMA_MODEL_SEED=S` picks another seed for a soak.
+#![cfg(test)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use fuser::{Errno, FileType};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+use super::super::namespace::SetAttr;
+use super::{pattern, Fx};
+
+/// Paths the local operations use: files and directories, nested, one that clashes.
+const PATHS: &[&str] = &["a", "b", "d", "d/a", "d/b", "d/e", "d/e/a", "x", "x/y"];
+/// Keys another client writes: the paths above, a marker, and keys no path can name.
+const KEYS: &[&str] = &[
+    "a", "b", "d/a", "d/b", "d/e/a", "x", "x/y", "m/", "d//h", "d/../h", "./c",
+];
+/// File sizes: empty, tiny, a few pages, and one byte over S3's smallest part (multipart).
+const SIZES: &[usize] = &[0, 1, 100, 70_000, (5 << 20) + 1];
+
+#[derive(Clone, Debug)]
+enum Step {
+    Write { path: usize, size: usize, seed: u8 },
+    Read { path: usize },
+    Unlink { path: usize },
+    Rename { from: usize, to: usize },
+    Mkdir { path: usize },
+    Rmdir { path: usize },
+    Chmod { path: usize, mode: u32 },
+    Truncate { path: usize },
+    RemotePut { key: usize, size: usize, seed: u8 },
+    RemoteDelete { key: usize },
+    WriteInOutage { path: usize, size: usize, seed: u8 },
+    Remount,
+}
+
+fn size() -> impl Strategy<Value = usize> {
+    // The multipart size is rare: it costs 5 MiB per step.
+    prop_oneof![
+        8 => (0..SIZES.len() - 1).prop_map(|i| SIZES[i]),
+        1 => Just(SIZES[SIZES.len() - 1]),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let p = 0..PATHS.len();
+    let k = 0..KEYS.len();
+    prop_oneof![
+        6 => (p.clone(), size(), any::<u8>()).prop_map(|(path, size, seed)| Step::Write { path, size, seed }),
+        4 => p.clone().prop_map(|path| Step::Read { path }),
+        2 => p.clone().prop_map(|path| Step::Unlink { path }),
+        2 => (p.clone(), p.clone()).prop_map(|(from, to)| Step::Rename { from, to }),
+        2 => p.clone().prop_map(|path| Step::Mkdir { path }),
+        2 => p.clone().prop_map(|path| Step::Rmdir { path }),
+        1 => (p.clone(), prop_oneof![Just(0o600u32), Just(0o640), Just(0o755)]).prop_map(|(path, mode)| Step::Chmod { path, mode }),
+        1 => p.clone().prop_map(|path| Step::Truncate { path }),
+        4 => (k.clone(), size(), any::<u8>()).prop_map(|(key, size, seed)| Step::RemotePut { key, size, seed }),
+        2 => k.prop_map(|key| Step::RemoteDelete { key }),
+        1 => (p, size(), any::<u8>()).prop_map(|(path, size, seed)| Step::WriteInOutage { path, size, seed }),
+        1 => Just(Step::Remount),
+    ]
+}
+
+/// One object as the model expects the bucket to hold it.
+#[derive(Clone, Debug, PartialEq)]
+struct Obj {
+    data: Vec<u8>,
+    /// The permission bits stored with it (None: the mount's default applies).
+    mode: Option<u32>,
+}
+
+/// The promised state: the bucket's keys, and the directories made in this mount that no key
+/// backs (gone at remount: no `--dir-markers`).
+#[derive(Default, Debug)]
+struct Model {
+    objects: BTreeMap<String, Obj>,
+    local_dirs: BTreeSet<String>,
+}
+
+/// [S-NS-HIDDEN]: a segment no Linux name can be.
+fn valid(seg: &str) -> bool {
+    !seg.is_empty() && seg != "." && seg != ".." && seg.len() <= 255 && !seg.contains('\0')
+}
+
+fn parent(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+impl Model {
+    /// Directories shown: the root, every prefix of a key up to its first unnameable segment
+    /// [S-NS-IMPLICIT] [S-NS-MARKER], those made here and the directories they lie in.
+    fn dirs(&self) -> BTreeSet<String> {
+        let mut dirs = BTreeSet::from([String::new()]);
+        for key in self.objects.keys() {
+            let segs: Vec<&str> = key.split('/').collect();
+            for i in 1..segs.len() {
+                if !valid(segs[i - 1]) {
+                    break;
+                }
+                dirs.insert(segs[..i].join("/"));
+            }
+        }
+        // A directory made here exists, and so do the directories it lies in.
+        for d in &self.local_dirs {
+            let mut at = d.as_str();
+            while !at.is_empty() {
+                dirs.insert(at.to_string());
+                at = parent(at);
+            }
+        }
+        dirs
+    }
+
+    /// Files shown: nameable keys whose path is not also a directory [S-NS-CLASH].
+    fn files(&self, dirs: &BTreeSet<String>) -> BTreeMap<String, Obj> {
+        self.objects
+            .iter()
+            .filter(|(k, _)| !k.ends_with('/') && k.split('/').all(valid) && !dirs.contains(*k))
+            .map(|(k, o)| (k.clone(), o.clone()))
+            .collect()
+    }
+
+    /// Why the directory `dir` cannot be reached, as path resolution says it: `ENOTDIR` when a
+    /// component is a file, `ENOENT` when one is missing.
+    fn walk_error(&self, dir: &str) -> Option<Errno> {
+        let dirs = self.dirs();
+        let files = self.files(&dirs);
+        let mut at = String::new();
+        for seg in dir.split('/').filter(|s| !s.is_empty()) {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(seg);
+            if files.contains_key(&at) {
+                return Some(Errno::ENOTDIR);
+            }
+            if !dirs.contains(&at) {
+                return Some(Errno::ENOENT);
+            }
+        }
+        None
+    }
+
+    fn is_dir(&self, path: &str) -> bool {
+        self.dirs().contains(path)
+    }
+
+    fn file(&self, path: &str) -> Option<Obj> {
+        let dirs = self.dirs();
+        self.files(&dirs).get(path).cloned()
+    }
+
+    /// Whether a key (other than `path`'s own marker) lies under `path/`, or a directory made
+    /// here does.
+    fn has_children(&self, path: &str) -> bool {
+        let prefix = format!("{path}/");
+        self.objects
+            .keys()
+            .any(|k| k.starts_with(&prefix) && k.as_str() != prefix)
+            || self.local_dirs.iter().any(|d| d.starts_with(&prefix))
+    }
+}
+
+fn errno_of(r: &Result<(), Errno>) -> Option<Errno> {
+    r.as_ref().err().copied()
+}
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), TestCaseError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(what()))
+    }
+}
+
+/// Apply `step` to the filesystem and the model; compare the outcome where SEMANTICS.md fixes
+/// it.
+fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCaseError> {
+    let f = fx.as_ref().expect("a mount");
+    match *step {
+        Step::Write { path, size, seed } => {
+            let p = PATHS[path];
+            let data = pattern(size, seed);
+            let got = f.write(p, &data);
+            let want = if m.is_dir(p) {
+                Err(Errno::EISDIR)
+            } else if let Some(e) = m.walk_error(parent(p)) {
+                Err(e)
+            } else {
+                Ok(())
+            };
+            check(got == want, || {
+                format!("write {p}: {got:?}, model says {want:?}")
+            })?;
+            if got.is_ok() {
+                // [S-WRITE-OVERWRITE]: a rewrite keeps the stored mode.
+                let mode = m.objects.get(p).and_then(|o| o.mode).or(Some(0o644));
+                m.objects.insert(p.to_string(), Obj { data, mode });
+                // A key under a directory made here now backs it.
+            }
+        }
+        Step::Read { path } => {
+            let p = PATHS[path];
+            let got = f.read(p);
+            match m.file(p) {
+                Some(o) => check(got.as_deref() == Ok(&o.data[..]), || {
+                    format!(
+                        "read {p}: {:?} bytes, model has {}",
+                        got.as_ref().map(Vec::len),
+                        o.data.len()
+                    )
+                })?,
+                None if m.is_dir(p) => check(got == Err(Errno::EISDIR), || {
+                    format!("read dir {p}: {got:?}")
+                })?,
+                None => check(
+                    matches!(got, Err(Errno::ENOENT) | Err(Errno::ENOTDIR)),
+                    || format!("read missing {p}: {:?}", got.map(|v| v.len())),
+                )?,
+            }
+        }
+        Step::Unlink { path } => {
+            let p = PATHS[path];
+            let got = f.unlink(p);
+            if m.file(p).is_some() {
+                check(got.is_ok(), || format!("unlink {p}: {got:?}"))?;
+                m.objects.remove(p);
+            } else if m.is_dir(p) {
+                check(got == Err(Errno::EISDIR), || {
+                    format!("unlink dir {p}: {got:?}")
+                })?;
+            } else {
+                check(got.is_err(), || format!("unlink missing {p} succeeded"))?;
+            }
+        }
+        Step::Rename { from, to } => {
+            let (a, b) = (PATHS[from], PATHS[to]);
+            let got = f.rename(a, b);
+            let movable = m.file(a).is_some()
+                && !m.is_dir(b)
+                && m.is_dir(parent(b))
+                && !b.starts_with(&format!("{a}/"));
+            if a == b && m.file(a).is_some() {
+                check(got.is_ok(), || format!("rename {a} onto itself: {got:?}"))?;
+            } else if movable {
+                check(got.is_ok(), || format!("rename {a} -> {b}: {got:?}"))?;
+                let o = m.objects.remove(a).expect("file");
+                m.objects.insert(b.to_string(), o);
+            } else if m.is_dir(a)
+                && a != b
+                && m.is_dir(parent(b))
+                && m.file(b).is_none()
+                && !m.is_dir(b)
+            {
+                check(got == Err(Errno::EXDEV), || {
+                    format!("rename dir {a} -> {b}: {got:?}")
+                })?;
+            } else {
+                check(got.is_err() || a == b, || {
+                    format!("rename {a} -> {b} succeeded; model: not movable")
+                })?;
+            }
+        }
+        Step::Mkdir { path } => {
+            let p = PATHS[path];
+            let got = f.mkdir(p);
+            if m.is_dir(p) || m.file(p).is_some() {
+                check(got == Err(Errno::EEXIST), || {
+                    format!("mkdir existing {p}: {got:?}")
+                })?;
+            } else if !m.is_dir(parent(p)) {
+                check(got.is_err(), || {
+                    format!("mkdir {p} without parent succeeded")
+                })?;
+            } else {
+                check(got.is_ok(), || format!("mkdir {p}: {got:?}"))?;
+                m.local_dirs.insert(p.to_string());
+            }
+        }
+        Step::Rmdir { path } => {
+            let p = PATHS[path];
+            let got = f.rmdir(p);
+            if !m.is_dir(p) {
+                check(got.is_err(), || format!("rmdir non-dir {p} succeeded"))?;
+            } else if m.has_children(p) {
+                check(got == Err(Errno::ENOTEMPTY), || {
+                    format!("rmdir non-empty {p}: {got:?}")
+                })?;
+            } else {
+                check(got.is_ok(), || format!("rmdir empty {p}: {got:?}"))?;
+                m.local_dirs.remove(p);
+                m.objects.remove(&format!("{p}/"));
+            }
+        }
+        Step::Chmod { path, mode } => {
+            let p = PATHS[path];
+            let set = SetAttr {
+                mode: Some(mode),
+                ..Default::default()
+            };
+            let got = f.setattr(p, set).map(|_| ());
+            if m.file(p).is_some() {
+                check(got.is_ok(), || format!("chmod {p}: {got:?}"))?;
+                if let Some(o) = m.objects.get_mut(p) {
+                    o.mode = Some(mode);
+                }
+            } else if !m.is_dir(p) {
+                check(got.is_err(), || format!("chmod missing {p} succeeded"))?;
+            }
+        }
+        Step::Truncate { path } => {
+            let p = PATHS[path];
+            let set = SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            let got = f.setattr(p, set).map(|_| ());
+            if m.file(p).is_some() {
+                check(got.is_ok(), || format!("truncate {p}: {got:?}"))?;
+                if let Some(o) = m.objects.get_mut(p) {
+                    o.data.clear();
+                }
+            } else if !m.is_dir(p) {
+                check(got.is_err(), || format!("truncate missing {p} succeeded"))?;
+            }
+        }
+        Step::RemotePut { key, size, seed } => {
+            let data = pattern(size, seed);
+            f.mem().put_external(KEYS[key], &data);
+            m.objects
+                .insert(KEYS[key].to_string(), Obj { data, mode: None });
+        }
+        Step::RemoteDelete { key } => {
+            f.mem().delete_external(KEYS[key]);
+            m.objects.remove(KEYS[key]);
+        }
+        Step::WriteInOutage { path, size, seed } => {
+            // [S-WRITE-ALL-OR-NOTHING]: every request fails; nothing changes in the bucket.
+            let p = PATHS[path];
+            f.store.outage(u64::MAX);
+            let got = f.write(p, &pattern(size, seed));
+            f.store.clear();
+            check(got.is_err(), || format!("write {p} in an outage succeeded"))?;
+            let _ = errno_of(&got);
+        }
+        Step::Remount => {
+            let old = fx.take().expect("a mount");
+            *fx = Some(old.remount());
+            m.local_dirs.clear();
+        }
+    }
+    Ok(())
+}
+
+/// Compare the bucket and the filesystem's view with the model.
+fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
+    // The bucket holds exactly the model's objects, and no upload is left open.
+    let keys: Vec<String> = fx.mem().keys();
+    let want: Vec<String> = m.objects.keys().cloned().collect();
+    check(keys == want, || {
+        format!("bucket keys {keys:?}, model {want:?}")
+    })?;
+    for (k, o) in &m.objects {
+        check(fx.mem().data(k).as_ref() == Some(&o.data), || {
+            format!("bucket bytes of {k}")
+        })?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !fx.mem().pending_uploads().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check(fx.mem().pending_uploads().is_empty(), || {
+        format!("uploads left open: {:?}", fx.mem().pending_uploads())
+    })?;
+    // What the filesystem shows: each directory's entries, each file's size, mode and bytes.
+    let dirs = m.dirs();
+    let files = m.files(&dirs);
+    for d in &dirs {
+        let mut want: Vec<String> = dirs
+            .iter()
+            .chain(files.keys())
+            .filter(|p| !p.is_empty() && parent(p) == d.as_str())
+            .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
+            .collect();
+        want.sort();
+        let got = fx.ls(d);
+        check(got.as_ref() == Ok(&want), || {
+            format!("ls {d:?}: {got:?}, model {want:?}")
+        })?;
+        let a = fx.stat(d);
+        check(
+            a.as_ref().map(|a| a.kind) == Ok(FileType::Directory),
+            || format!("stat dir {d:?}: {a:?}"),
+        )?;
+    }
+    for (p, o) in &files {
+        let a = fx
+            .stat(p)
+            .map_err(|e| TestCaseError::fail(format!("stat {p}: {e:?}")))?;
+        check(
+            a.kind == FileType::RegularFile && a.size == o.data.len() as u64,
+            || {
+                format!(
+                    "stat {p}: {:?} {} bytes, model {}",
+                    a.kind,
+                    a.size,
+                    o.data.len()
+                )
+            },
+        )?;
+        let mode = o.mode.unwrap_or(0o644) & 0o7777;
+        check(u32::from(a.perm) == mode, || {
+            format!("mode of {p}: {:o}, model {mode:o}", a.perm)
+        })?;
+        let got = fx.read(p);
+        check(got.as_deref() == Ok(&o.data[..]), || {
+            format!("bytes of {p}: {:?}", got.map(|v| v.len()))
+        })?;
+    }
+    for p in PATHS {
+        if !dirs.contains(*p) && !files.contains_key(*p) {
+            let got = fx.stat(p);
+            check(
+                matches!(got, Err(Errno::ENOENT) | Err(Errno::ENOTDIR)),
+                || format!("stat of {p}, absent in the model: {got:?}"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+    let mut fx = Some(Fx::new());
+    let mut m = Model::default();
+    for (i, step) in steps.iter().enumerate() {
+        apply(&mut fx, &mut m, step)
+            .and_then(|()| compare(fx.as_ref().expect("a mount"), &m))
+            .map_err(|e| TestCaseError::fail(format!("step {i} {step:?}: {e}")))?;
+    }
+    Ok(())
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+// [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-HIDDEN] [S-NS-CLASH] [S-NS-MKDIR] [S-NS-UNLINK]
+// [S-NS-RENAME] [S-NS-SETATTR] [S-WRITE-OVERWRITE] [S-WRITE-ALL-OR-NOTHING] [S-NS-TTL]
+#[test]
+fn operation_sequences_match_the_reference_model() {
+    let cases = env_u64("S3RDMA_MODEL_CASES").unwrap_or(48) as u32;
+    let seed = env_u64("S3RDMA_MODEL_SEED").unwrap_or(0x5eed_0001);
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 2048,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
+    );
+    let result = runner.run(&proptest::collection::vec(step(), 1..24), |steps| {
+        run(&steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

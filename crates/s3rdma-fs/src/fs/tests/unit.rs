@@ -1,0 +1,363 @@
+//! Unit tests of the filesystem logic on the in-memory store: namespace mapping, pinned reads,
+//! conditional writes and aborts, rename/unlink/setattr, and the requests each costs.
+#![cfg(test)]
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{Errno, FileType};
+use s3rdma_client::testing::{Fault, Op};
+use s3rdma_client::S3ErrorKind;
+
+use super::super::namespace::SetAttr;
+use super::{exists, pattern, strict_config, Fx};
+
+// [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-DIRS]
+#[test]
+fn implicit_and_marker_directories_list_as_the_bucket_has_them() {
+    let fx = Fx::new();
+    fx.mem().put_external("a/b/c.txt", b"abc");
+    fx.mem().put_external("a/top", b"t");
+    fx.mem().put_external("empty/", b"");
+    fx.mem().put_external("z", b"zz");
+    assert_eq!(fx.ls("").unwrap(), ["a", "empty", "z"]);
+    assert_eq!(fx.ls("a").unwrap(), ["b", "top"]);
+    assert_eq!(fx.ls("a/b").unwrap(), ["c.txt"]);
+    // A marker alone is an empty directory; the marker is never an entry.
+    assert_eq!(fx.ls("empty").unwrap(), Vec::<String>::new());
+    assert_eq!(fx.stat("empty").unwrap().kind, FileType::Directory);
+    assert_eq!(fx.stat("a/b/c.txt").unwrap().size, 3);
+    assert_eq!(fx.stat("a").unwrap().kind, FileType::Directory);
+    assert_eq!(fx.stat("nope").unwrap_err(), Errno::ENOENT);
+    assert_eq!(fx.stat("z/under").unwrap_err(), Errno::ENOTDIR);
+}
+
+// [S-NS-HIDDEN]: keys that SeaweedFS normalises away (`a//b`, `..`, `.`) are made here.
+#[test]
+fn keys_that_cannot_be_paths_are_hidden_and_never_shadow_good_ones() {
+    let fx = Fx::new();
+    for key in ["d//x", "d/../y", "d/./z", "d/ok", "..", "./w"] {
+        fx.mem().put_external(key, b"k");
+    }
+    let long = format!("d/{}", "n".repeat(256));
+    fx.mem().put_external(&long, b"long");
+    assert_eq!(fx.ls("d").unwrap(), ["ok"]);
+    assert_eq!(fx.ls("").unwrap(), ["d"]);
+    assert_eq!(fx.read("d/ok").unwrap(), b"k");
+    assert_eq!(fx.stat(&long).unwrap_err(), Errno::ENAMETOOLONG);
+}
+
+// [S-NS-CLASH]
+#[test]
+fn a_directory_wins_over_a_file_of_the_same_name() {
+    let fx = Fx::new();
+    fx.mem().put_external("x", b"file");
+    fx.mem().put_external("x/inner", b"in");
+    assert_eq!(fx.ls("").unwrap(), ["x"]);
+    assert_eq!(fx.stat("x").unwrap().kind, FileType::Directory);
+    assert_eq!(fx.read("x/inner").unwrap(), b"in");
+    // Writing the file name is refused: it is a directory here.
+    assert_eq!(fx.write("x", b"new").unwrap_err(), Errno::EISDIR);
+    assert_eq!(fx.mem().data("x").unwrap(), b"file");
+}
+
+// [S-READ-PINNED] [S-WRITE-READERS-PINNED]
+#[test]
+fn an_open_file_reads_the_version_it_opened_or_fails_with_estale() {
+    let fx = Fx::new();
+    let old = pattern(12 << 20, 1);
+    fx.mem().put_external("f", &old);
+    let fh = fx.open_read("f").unwrap();
+    // The first block is fetched under the old ETag.
+    assert_eq!(fx.pread(fh, 0, 4096).unwrap(), old[..4096]);
+    fx.mem().put_external("f", &pattern(12 << 20, 2));
+    // What the handle still returns is the old version; what needs a GET fails.
+    match fx.pread(fh, 11 << 20, 4096) {
+        Ok(bytes) => assert_eq!(bytes, old[11 << 20..(11 << 20) + 4096]),
+        Err(e) => assert_eq!(e, Errno::ESTALE),
+    }
+    fx.fs.do_release(fh);
+    // The next open reads the new version.
+    assert_eq!(fx.read("f").unwrap(), pattern(12 << 20, 2));
+}
+
+// [S-READ-DELETED]
+#[test]
+fn a_deleted_object_cannot_be_opened_and_an_open_handle_never_reads_another() {
+    let fx = Fx::new();
+    fx.mem().put_external("gone", &pattern(8 << 20, 3));
+    let fh = fx.open_read("gone").unwrap();
+    fx.mem().delete_external("gone");
+    fx.mem().put_external("gone", &pattern(8 << 20, 4));
+    fx.mem().delete_external("gone");
+    let e = fx.pread(fh, 6 << 20, 10).unwrap_err();
+    assert!(e == Errno::ESTALE || e == Errno::ENOENT, "{e:?}");
+    fx.fs.do_release(fh);
+    assert_eq!(fx.open_read("gone").unwrap_err(), Errno::ENOENT);
+}
+
+// [S-OPEN-FRESH]: open asks for the current version; the requests are the store's count.
+#[test]
+fn open_asks_head_once_and_a_sequential_read_costs_one_get_per_part() {
+    let fx = Fx::new();
+    fx.mem().put_external("big", &pattern(20 << 20, 5));
+    let a = fx.resolve("big").unwrap();
+    let (heads, gets) = (fx.mem().requests(Op::Head), fx.mem().requests(Op::Get));
+    let fh = fx
+        .fs
+        .do_open(a.ino.0, fuser::OpenFlags(libc::O_RDONLY), 1, None);
+    let fh = match fh.unwrap() {
+        super::super::Opened::Plain(fh, _) => fh,
+        _ => unreachable!("no disk cache here"),
+    };
+    // The lookup just asked (within 100 ms): open uses that answer.
+    assert!(fx.mem().requests(Op::Head) - heads <= 1);
+    let mut off = 0;
+    while off < 20 << 20 {
+        let n = fx.pread(fh, off, 128 << 10).unwrap().len() as u64;
+        assert_eq!(n, 128 << 10);
+        off += n;
+    }
+    fx.fs.do_release(fh);
+    // 20 MiB in 5 MiB parts: 4 GETs, whatever the read size [S-READ-RANGED].
+    assert_eq!(fx.mem().requests(Op::Get) - gets, 4);
+}
+
+// [S-WRITE-SIZES] [S-WRITE-MULTIPART]
+#[test]
+fn small_files_are_one_put_and_larger_ones_a_multipart_upload() {
+    let fx = Fx::new();
+    fx.write("small", &pattern(5 << 20, 6)).unwrap();
+    assert_eq!(fx.mem().requests(Op::Put), 1);
+    assert_eq!(fx.mem().requests(Op::CreateMultipart), 0);
+    let big = pattern((11 << 20) + 1, 7);
+    fx.write_chunked("big", &big, 4096).unwrap();
+    assert_eq!(fx.mem().requests(Op::CreateMultipart), 1);
+    assert_eq!(fx.mem().requests(Op::UploadPart), 3);
+    assert_eq!(fx.mem().data("big").unwrap(), big);
+    assert_eq!(fx.mem().data("small").unwrap(), pattern(5 << 20, 6));
+    assert!(fx.mem().info("big").unwrap().etag.ends_with("-3\""));
+    assert!(fx.mem().pending_uploads().is_empty());
+    // Visible at once, with its size.
+    assert_eq!(fx.stat("big").unwrap().size, big.len() as u64);
+}
+
+// [S-WRITE-ALL-OR-NOTHING]
+#[test]
+fn a_failed_part_fails_close_stores_nothing_and_aborts_the_upload() {
+    let fx = Fx::new();
+    fx.mem().put_external("keep", b"old bytes");
+    fx.store
+        .fail_nth(Op::UploadPart, 2, S3ErrorKind::ServerError);
+    let e = fx.write("keep", &pattern(16 << 20, 8)).unwrap_err();
+    assert_eq!(e, Errno::EIO);
+    assert_eq!(fx.mem().data("keep").unwrap(), b"old bytes");
+    assert!(fx.no_uploads_left());
+    assert_eq!(fx.mem().requests(Op::AbortMultipart), 1);
+    // A failed single PUT: nothing is stored.
+    fx.store.fail(Op::Put, S3ErrorKind::AccessDenied, 1);
+    assert_eq!(fx.write("new", b"x").unwrap_err(), Errno::EACCES);
+    assert!(!exists(&fx.store, "new"));
+}
+
+// [S-WRITE-ALL-OR-NOTHING] [S-FAULT-OUTAGE]
+#[test]
+fn a_failed_completion_aborts_and_keeps_the_old_object() {
+    let fx = Fx::new();
+    fx.mem().put_external("f", b"v1");
+    fx.store
+        .fail(Op::CompleteMultipart, S3ErrorKind::ServerError, 1);
+    assert_eq!(fx.write("f", &pattern(6 << 20, 9)).unwrap_err(), Errno::EIO);
+    assert_eq!(fx.mem().data("f").unwrap(), b"v1");
+    assert!(fx.no_uploads_left());
+}
+
+// [S-WRITE-EXCL] [S-WRITE-OVERWRITE]
+#[test]
+fn commits_are_conditional_on_what_was_seen_at_open() {
+    let fx = Fx::new();
+    // A new file, created meanwhile by another client: theirs stays, close fails EEXIST.
+    let fh = fx.create_or_truncate("n").unwrap();
+    fx.fs.do_write(fh, 0, b"mine").unwrap();
+    fx.mem().put_external("n", b"theirs");
+    assert_eq!(fx.close(fh).unwrap_err(), Errno::EEXIST);
+    assert_eq!(fx.mem().data("n").unwrap(), b"theirs");
+    // An overwrite of a version replaced meanwhile: theirs stays, close fails ESTALE.
+    let fh = fx.create_or_truncate("n").unwrap();
+    fx.fs.do_write(fh, 0, b"mine again").unwrap();
+    fx.mem().put_external("n", b"theirs 2");
+    assert_eq!(fx.close(fh).unwrap_err(), Errno::ESTALE);
+    assert_eq!(fx.mem().data("n").unwrap(), b"theirs 2");
+    // Unchanged meanwhile: stored, and visible through the mount at once.
+    fx.write("n", b"mine at last").unwrap();
+    assert_eq!(fx.read("n").unwrap(), b"mine at last");
+}
+
+// [S-WRITE-SEQUENTIAL]
+#[test]
+fn a_seek_back_fails_with_einval_and_stores_nothing() {
+    let fx = Fx::new();
+    let fh = fx.create_or_truncate("s").unwrap();
+    fx.fs.do_write(fh, 0, b"hello").unwrap();
+    assert_eq!(fx.fs.do_write(fh, 0, b"H").unwrap_err(), Errno::EINVAL);
+    assert_eq!(fx.close(fh).unwrap_err(), Errno::EINVAL);
+    assert!(!exists(&fx.store, "s"));
+}
+
+// [S-WRITE-WHILE-WRITING]
+#[test]
+fn a_file_being_written_shows_its_size_and_refuses_other_opens() {
+    let fx = Fx::new();
+    let fh = fx.create_or_truncate("w").unwrap();
+    fx.fs.do_write(fh, 0, &[7; 1000]).unwrap();
+    assert_eq!(fx.stat("w").unwrap().size, 1000);
+    assert_eq!(fx.ls("").unwrap(), ["w"]);
+    assert_eq!(fx.open_read("w").unwrap_err(), Errno::EBUSY);
+    assert_eq!(fx.unlink("w").unwrap_err(), Errno::EBUSY);
+    assert!(!exists(&fx.store, "w"));
+    fx.close(fh).unwrap();
+    assert_eq!(fx.mem().data("w").unwrap(), vec![7; 1000]);
+}
+
+// [S-NS-RENAME]
+#[test]
+fn rename_is_a_conditional_copy_then_a_delete() {
+    let fx = Fx::new();
+    fx.mem().put_external("d/src", b"payload");
+    fx.mem().put_external("d/dst", b"replaced");
+    fx.rename("d/src", "d/dst").unwrap();
+    assert_eq!(fx.mem().data("d/dst").unwrap(), b"payload");
+    assert!(!exists(&fx.store, "d/src"));
+    assert_eq!(fx.mem().requests(Op::Copy), 1);
+    assert_eq!(fx.mem().requests(Op::Delete), 1);
+    // A source changed since it was looked up: ESTALE, nothing copied.
+    fx.mem().put_external("a", b"1");
+    fx.resolve("a").unwrap();
+    fx.store.inject(
+        Some(Op::Copy),
+        Fault::Error(S3ErrorKind::PreconditionFailed),
+        1,
+        1,
+    );
+    assert_eq!(fx.rename("a", "b").unwrap_err(), Errno::ESTALE);
+    assert!(!exists(&fx.store, "b"));
+    // Directories are not renamed: mv copies them.
+    assert_eq!(fx.rename("d", "e").unwrap_err(), Errno::EXDEV);
+}
+
+// [S-NS-UNLINK] [S-NS-MKDIR]
+#[test]
+fn unlink_mkdir_and_rmdir() {
+    let fx = Fx::new();
+    fx.mem().put_external("dir/f", b"x");
+    assert_eq!(fx.rmdir("dir").unwrap_err(), Errno::ENOTEMPTY);
+    fx.unlink("dir/f").unwrap();
+    assert!(!exists(&fx.store, "dir/f"));
+    assert_eq!(fx.stat("dir").unwrap_err(), Errno::ENOENT);
+    fx.mkdir("made").unwrap();
+    assert_eq!(fx.mkdir("made").unwrap_err(), Errno::EEXIST);
+    fx.mkdir("made/sub").unwrap();
+    assert_eq!(fx.ls("made").unwrap(), ["sub"]);
+    assert_eq!(fx.rmdir("made").unwrap_err(), Errno::ENOTEMPTY);
+    fx.rmdir("made/sub").unwrap();
+    fx.rmdir("made").unwrap();
+    assert_eq!(fx.ls("").unwrap(), Vec::<String>::new());
+    // Without --dir-markers a directory made here costs no request and is gone at remount.
+    assert_eq!(fx.mem().requests(Op::Put), 0);
+    fx.mkdir("kept-only-here").unwrap();
+    let fx = fx.remount();
+    assert_eq!(fx.stat("kept-only-here").unwrap_err(), Errno::ENOENT);
+    // With markers it survives.
+    let mut cfg = strict_config();
+    cfg.dir_markers = true;
+    let fx = super::Fx::over(fx.store.clone(), cfg);
+    fx.mkdir("marked").unwrap();
+    assert!(exists(&fx.store, "marked/"));
+    let fx = fx.remount();
+    assert_eq!(fx.stat("marked").unwrap().kind, FileType::Directory);
+    fx.rmdir("marked").unwrap();
+    assert!(!exists(&fx.store, "marked/"));
+}
+
+// [S-NS-SETATTR]
+#[test]
+fn chmod_and_utimes_are_stored_as_metadata_by_a_copy_onto_itself() {
+    let fx = Fx::new();
+    fx.mem().put_external("f", b"data");
+    let mtime = UNIX_EPOCH + Duration::new(1_500_000_000, 250_000_000);
+    let attr = fx
+        .setattr(
+            "f",
+            SetAttr {
+                mode: Some(0o100600),
+                mtime: Some(mtime),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(attr.perm, 0o600);
+    assert_eq!(attr.mtime, mtime);
+    let info = fx.mem().info("f").unwrap();
+    assert_eq!(info.meta.as_ref().and_then(|m| m.mode), Some(0o600));
+    assert_eq!(fx.mem().data("f").unwrap(), b"data");
+    let fx = fx.remount();
+    let attr = fx.stat("f").unwrap();
+    assert_eq!((attr.perm, attr.mtime), (0o600, mtime));
+    // Truncate to 0 keeps the attributes; to another size is not supported.
+    fx.setattr(
+        "f",
+        SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(fx.mem().data("f").unwrap(), b"");
+    assert_eq!(fx.stat("f").unwrap().perm, 0o600);
+    let e = fx
+        .setattr(
+            "f",
+            SetAttr {
+                size: Some(5),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e, Errno::EOPNOTSUPP);
+}
+
+// [S-NS-INODES]
+#[test]
+fn inode_numbers_are_stable_while_a_name_keeps_its_kind() {
+    let fx = Fx::new();
+    fx.mem().put_external("p", b"1");
+    let first = fx.stat("p").unwrap().ino;
+    fx.mem().put_external("p", b"22");
+    assert_eq!(fx.stat("p").unwrap().ino, first);
+    assert_eq!(fx.stat("").unwrap().ino.0, 1);
+    fx.mem().delete_external("p");
+    fx.mem().put_external("p/child", b"c");
+    let dir = fx.stat("p").unwrap();
+    assert_eq!(dir.kind, FileType::Directory);
+    assert_ne!(dir.ino, first);
+}
+
+// [S-FAULT-READ]
+#[test]
+fn an_outage_fails_reads_with_an_errno_and_they_work_again_after_it() {
+    let fx = Fx::new();
+    let data = pattern(6 << 20, 10);
+    fx.mem().put_external("r", &data);
+    fx.store.outage(u64::MAX);
+    let e = fx.read("r").unwrap_err();
+    assert_eq!(e, Errno::EIO);
+    fx.store.clear();
+    assert_eq!(fx.read("r").unwrap(), data);
+    // A short transfer is never taken as data.
+    fx.store.inject(Some(Op::Get), Fault::Short, 1, 1);
+    let fh = fx.open_read("r").unwrap();
+    let got = fx.pread(fh, 5 << 20, 4096);
+    fx.fs.do_release(fh);
+    if let Ok(bytes) = got {
+        assert_eq!(bytes, data[5 << 20..(5 << 20) + 4096]);
+    }
+}
