@@ -11,7 +11,7 @@ pub mod mode;
 pub mod rdma;
 mod sdk;
 mod store;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use error::{S3Error, S3ErrorKind};

@@ -303,3 +303,73 @@ impl<S: ObjectStore> ObjectStore for Faulty<S> {
         self.inner.copy_object(src, dst, meta, single_limit).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MemStore;
+
+    #[test]
+    fn rules_hit_the_nth_call_for_a_count_and_every_call_is_counted() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let f = Faulty::new(MemStore::new("b"));
+        f.inner().put_external("k", b"v");
+        f.fail_nth(Op::Head, 2, S3ErrorKind::ServerError);
+        let heads: Vec<bool> = (0..4).map(|_| rt.block_on(f.head("k")).is_ok()).collect();
+        assert_eq!(heads, [true, false, true, true]);
+        assert_eq!(f.requests(Op::Head), 4);
+        assert_eq!(f.inner().requests(Op::Head), 3);
+        f.outage(2);
+        assert_eq!(
+            rt.block_on(f.delete_object("k")).unwrap_err().kind,
+            S3ErrorKind::Unreachable
+        );
+        assert!(rt.block_on(f.list_page("", None, None, 10)).is_err());
+        assert!(rt.block_on(f.head("k")).is_ok());
+        f.inject(Some(Op::Get), Fault::Short, 1, u64::MAX);
+        let mut buf = [0u8; 1];
+        for _ in 0..3 {
+            let e = rt
+                .block_on(f.get_range_into("k", "", 0, &mut buf))
+                .unwrap_err();
+            assert_eq!(e.kind, S3ErrorKind::BadResponse);
+        }
+        f.clear();
+        rt.block_on(f.get_range_into("k", "", 0, &mut buf)).unwrap();
+        assert_eq!(&buf, b"v");
+    }
+
+    #[test]
+    fn a_decline_moves_a_put_over_http_under_auto_and_fails_under_required() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        for mode in [RdmaMode::Auto, RdmaMode::Required] {
+            let f = Faulty::new(MemStore::with_rdma("b", mode));
+            let buf = cuobj_ffi::RegisteredBuffer::new(4096).expect("a registered buffer");
+            f.inject(Some(Op::Put), Fault::Decline, 1, 1);
+            let r = rt.block_on(f.put_object("k", PutSource::Registered(&buf, 10)));
+            let stats = f.stats();
+            assert_eq!(stats.declines.load(Ordering::Relaxed), 1);
+            match mode {
+                RdmaMode::Required => {
+                    assert_eq!(r.unwrap_err().kind, S3ErrorKind::RdmaDeclined);
+                    assert!(f.inner().data("k").is_none());
+                }
+                _ => {
+                    r.unwrap();
+                    assert_eq!(stats.fallbacks.load(Ordering::Relaxed), 1);
+                    assert_eq!(stats.http_bytes_written.load(Ordering::Relaxed), 10);
+                }
+            }
+            // The next one moves over RDMA.
+            rt.block_on(f.put_object("k2", PutSource::Registered(&buf, 10)))
+                .unwrap();
+            assert_eq!(stats.rdma_bytes_written.load(Ordering::Relaxed), 10);
+        }
+    }
+}

@@ -556,3 +556,203 @@ impl ObjectStore for MemStore {
         Ok(etag)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    fn kind<T: std::fmt::Debug>(r: Result<T, S3Error>) -> S3ErrorKind {
+        r.expect_err("an error").kind
+    }
+
+    #[test]
+    fn writes_are_conditional_and_reads_pinned() {
+        let rt = rt();
+        let s = MemStore::new("b");
+        let meta = FileMeta::default();
+        let put = |k, d: &'static [u8], c: Condition| {
+            rt.block_on(s.put_object_if(k, PutSource::Plain(d), &c, &meta))
+        };
+        let e1 = put("k", b"one", Condition::IfNoneMatch).unwrap();
+        assert_eq!(
+            kind(put("k", b"x", Condition::IfNoneMatch)),
+            S3ErrorKind::PreconditionFailed
+        );
+        assert_eq!(
+            kind(put("k", b"x", Condition::IfMatch("\"no\"".into()))),
+            S3ErrorKind::PreconditionFailed
+        );
+        assert_eq!(
+            kind(put("new", b"x", Condition::IfMatch(e1.clone()))),
+            S3ErrorKind::NotFound
+        );
+        let e2 = put("k", b"two", Condition::IfMatch(e1.clone())).unwrap();
+        assert_ne!(e1, e2);
+        let mut buf = [0u8; 2];
+        assert_eq!(
+            kind(rt.block_on(s.get_range_into("k", &e1, 0, &mut buf))),
+            S3ErrorKind::PreconditionFailed
+        );
+        rt.block_on(s.get_range_into("k", &e2, 1, &mut buf))
+            .unwrap();
+        assert_eq!(&buf, b"wo");
+        assert_eq!(
+            kind(rt.block_on(s.get_range_into("k", "", 3, &mut buf))),
+            S3ErrorKind::InvalidRange
+        );
+        assert_eq!(
+            kind(rt.block_on(s.get_range_into("k", "", 2, &mut buf))),
+            S3ErrorKind::BadResponse
+        );
+        assert_eq!(kind(rt.block_on(s.head("gone"))), S3ErrorKind::NotFound);
+        assert_eq!(s.requests(Op::Put), 5);
+        assert_eq!(s.requests(Op::Get), 4);
+        assert_eq!(s.requests(Op::Head), 1);
+        assert_eq!(s.stats().http_bytes_written.load(Ordering::Relaxed), 6);
+        assert_eq!(s.stats().http_bytes_read.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn multipart_uploads_follow_s3s_rules() {
+        let rt = rt();
+        let s = MemStore::new("b");
+        let part = vec![1u8; MIN_PART];
+        let id = rt.block_on(s.create_multipart("k")).unwrap();
+        let p1 = rt
+            .block_on(s.upload_part("k", &id, 1, PutSource::Plain(b"small")))
+            .unwrap();
+        let p2 = rt
+            .block_on(s.upload_part("k", &id, 2, PutSource::Plain(b"end")))
+            .unwrap();
+        let parts = [(1, p1), (2, p2.clone())];
+        // Every part but the last must be at least 5 MiB.
+        let e = rt
+            .block_on(s.complete_multipart("k", &id, &parts))
+            .unwrap_err();
+        assert_eq!(e.message, "EntityTooSmall");
+        let p1 = rt
+            .block_on(s.upload_part("k", &id, 1, PutSource::Plain(&part)))
+            .unwrap();
+        assert!(rt
+            .block_on(s.complete_multipart("k", &id, &[(2, p2.clone()), (1, p1.clone())]))
+            .is_err());
+        assert!(rt
+            .block_on(s.complete_multipart("k", &id, &[(1, "\"bad\"".into()), (2, p2.clone())]))
+            .is_err());
+        // Conditions are checked at completion; a failed one leaves the upload open.
+        s.put_external("k", b"theirs");
+        let cond = Condition::IfNoneMatch;
+        let parts = [(1, p1), (2, p2)];
+        assert_eq!(
+            kind(rt.block_on(s.complete_multipart_if("k", &id, &parts, &cond))),
+            S3ErrorKind::PreconditionFailed
+        );
+        assert_eq!(s.pending_uploads(), ["k"]);
+        let etag = rt.block_on(s.complete_multipart("k", &id, &parts)).unwrap();
+        assert!(etag.ends_with("-2\""), "{etag}");
+        assert_eq!(s.data("k").unwrap().len(), MIN_PART + 3);
+        assert!(s.pending_uploads().is_empty());
+        assert_eq!(
+            kind(rt.block_on(s.abort_multipart("k", &id))),
+            S3ErrorKind::NotFound
+        );
+        let id = rt.block_on(s.create_multipart("k")).unwrap();
+        rt.block_on(s.abort_multipart("k", &id)).unwrap();
+        assert!(s.pending_uploads().is_empty());
+    }
+
+    #[test]
+    fn copies_are_conditional_on_the_source_and_replace_metadata() {
+        let rt = rt();
+        let s = MemStore::new("b");
+        s.put_external("src", b"data");
+        let mut info = s.info("src").unwrap();
+        let meta = FileMeta {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        rt.block_on(s.copy_object(&info, "dst", &meta, 5 << 30))
+            .unwrap();
+        assert_eq!(s.data("dst").unwrap(), b"data");
+        assert_eq!(s.info("dst").unwrap().meta.unwrap().mode, Some(0o600));
+        info.etag = "\"old\"".into();
+        assert_eq!(
+            kind(rt.block_on(s.copy_object(&info, "dst2", &meta, 5 << 30))),
+            S3ErrorKind::PreconditionFailed
+        );
+        // Above the single-copy limit: a multipart copy (create, part copies, complete).
+        let info = s.info("src").unwrap();
+        let etag = rt.block_on(s.copy_object(&info, "dst3", &meta, 2)).unwrap();
+        assert!(etag.ends_with("-1\""));
+        assert_eq!(s.requests(Op::CreateMultipart), 1);
+    }
+
+    /// What ListObjectsV2 with a delimiter returns, computed the obvious way.
+    fn expected(keys: &[&str], prefix: &str, delim: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut sorted: Vec<&str> = keys.to_vec();
+        sorted.sort();
+        for k in sorted.into_iter().filter(|k| k.starts_with(prefix)) {
+            let item = match k[prefix.len()..].find(delim) {
+                Some(i) if !delim.is_empty() => {
+                    format!("P:{}", &k[..prefix.len() + i + delim.len()])
+                }
+                _ => format!("O:{k}"),
+            };
+            if !out.contains(&item) {
+                out.push(item);
+            }
+        }
+        out.sort_by(|a, b| a[2..].cmp(&b[2..]));
+        out
+    }
+
+    #[test]
+    fn listings_page_through_objects_and_common_prefixes_in_order() {
+        let rt = rt();
+        let s = MemStore::new("b");
+        let keys = [
+            "a", "a/", "a/1", "a/2/x", "a/2/y", "a//z", "ab", "b/c/d", "b/e", "c", "c/", "d/../e",
+        ];
+        for k in keys {
+            s.put_external(k, b"");
+        }
+        for prefix in ["", "a", "a/", "a/2/", "b/", "zz"] {
+            for delim in ["/", ""] {
+                for max in [1, 2, 3, 1000] {
+                    let mut got = Vec::new();
+                    let mut token = None;
+                    for _ in 0..100 {
+                        let d = (!delim.is_empty()).then_some(delim);
+                        let page = rt.block_on(s.list_page(prefix, d, token, max)).unwrap();
+                        assert!(page.objects.len() + page.prefixes.len() <= max as usize);
+                        let mut items: Vec<String> = page
+                            .objects
+                            .iter()
+                            .map(|o| format!("O:{}", o.key))
+                            .chain(page.prefixes.iter().map(|p| format!("P:{p}")))
+                            .collect();
+                        items.sort_by(|a, b| a[2..].cmp(&b[2..]));
+                        got.extend(items);
+                        token = page.next_token;
+                        if token.is_none() {
+                            break;
+                        }
+                    }
+                    assert_eq!(
+                        got,
+                        expected(&keys, prefix, delim),
+                        "{prefix:?} {delim:?} {max}"
+                    );
+                }
+            }
+        }
+    }
+}

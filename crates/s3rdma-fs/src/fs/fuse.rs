@@ -33,11 +33,11 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if let Err(max) = config.set_max_readahead(1 << 20) {
             let _ = config.set_max_readahead(max);
         }
-        if self.disk.is_some() && self.passthrough_wanted {
+        if self.disk.is_some() && self.pass.wanted {
             // The kernel serves files of the disk cache itself: one level of stacking.
             match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) if config.set_max_stack_depth(1).is_ok() => {
-                    self.passthrough.store(true, Ordering::Relaxed);
+                    self.pass.on.store(true, Ordering::Relaxed);
                     info!("FUSE passthrough on: files in the disk cache are read by the kernel directly");
                 }
                 _ => info!("the kernel does not offer FUSE passthrough (Linux 6.9+); files in the disk cache are served by the daemon"),
@@ -63,7 +63,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             Ok(keys) => warn!(count = keys.len(), keys = ?keys, "files still open for writing when the mount ended were not stored"),
             Err(_) => warn!("aborting the files still being written took over 60 s; some multipart uploads may be left (a bucket lifecycle rule removes them)"),
         }
-        if let Some(up) = &self.uploader {
+        if let Some(up) = &self.writes.uploader {
             let left = self
                 .rt
                 .block_on(up.wait_for_aborts(Duration::from_secs(30)));
@@ -75,7 +75,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         self.lock_files().clear();
         self.lock_dirs().clear();
         // Passthrough registrations go while the FUSE connection can still take them back.
-        self.lock_pass().live.clear();
+        self.pass.clear();
         if let Some(d) = &self.disk {
             d.detach_all();
         }
@@ -385,7 +385,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         // "bucket size": what is used is what this mount has written since it was mounted.
         const BLOCKS: u64 = (1u64 << 50) / BLOCK_SIZE as u64;
         const FILES: u64 = 1 << 32;
-        let (written, files) = self.uploader.as_ref().map_or((0, 0), |u| {
+        let (written, files) = self.writes.uploader.as_ref().map_or((0, 0), |u| {
             (
                 u.stats.bytes_written.load(Ordering::Relaxed),
                 u.stats.objects_written.load(Ordering::Relaxed),

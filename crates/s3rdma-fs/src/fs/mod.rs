@@ -9,6 +9,7 @@ mod fuse;
 pub mod inode;
 pub mod names;
 pub mod namespace;
+mod passthrough;
 pub mod probe;
 pub mod write;
 
@@ -98,27 +99,10 @@ struct DiskFile {
     key: String,
     etag: String,
     cached: CachedFile,
-    /// Served by the kernel (counted in PassState::live).
+    /// Served by the kernel (counted in `Passthrough`).
     passthrough: bool,
-    /// Opened in the kernel's cached mode (counted in PassState::cached).
+    /// Opened in the kernel's cached mode (counted in `Passthrough`).
     cached_mode: bool,
-}
-
-/// Which inodes the kernel serves by passthrough, and which are open in its cached mode: the
-/// kernel refuses to mix the two on one inode.
-#[derive(Default)]
-struct PassState {
-    /// Inode → the backing file its open passthrough handles use (the kernel takes one per
-    /// inode at a time).
-    live: HashMap<u64, LivePassthrough>,
-    /// Inode → read handles open in the kernel's cached (page cache) mode.
-    cached: HashMap<u64, usize>,
-}
-
-struct LivePassthrough {
-    etag: String,
-    backing: Arc<BackingId>,
-    handles: usize,
 }
 
 /// What `do_open` decided; `open` sends it.
@@ -144,41 +128,69 @@ struct DirEntryOut {
     attr: FileAttr,
 }
 
+/// The filesystem: what the kernel's requests are answered from. Each part is one concern.
 pub struct S3Fs<S: ObjectStore> {
     rt: Handle,
     s3: S,
     cache: Arc<Cache<S>>,
     cfg: FsConfig,
+    /// Inode numbers ↔ keys, with what was last learnt of each.
     inodes: InodeTable,
+    /// What this mount knows of the namespace beyond the inode table.
+    ns: NsState,
+    /// Open files and directories.
+    handles: Handles<S>,
+    /// Files being written, and the uploads behind them.
+    writes: Writes<S>,
+    /// The local disk cache (`--cache-dir`).
+    disk: Option<Arc<DiskCache>>,
+    /// Which inodes the kernel reads itself from the disk cache.
+    pass: passthrough::Passthrough,
+    notifier: Arc<OnceLock<Notifier>>,
+    mount_time: SystemTime,
+}
+
+/// What a mount knows of the namespace beyond the inode table: listings and negative answers
+/// it may reuse, directories made here and their attributes, hidden keys already logged.
+struct NsState {
+    /// "No such key" answers, for `--negative-ttl`.
     negative: Option<moka::sync::Cache<String, ()>>,
     /// Complete listings, reused within the metadata TTL.
     listings: dir::ListingCache,
+    /// Keys logged as hidden, at most once each.
     hidden_logged: moka::sync::Cache<String, ()>,
-    files: control::FileTable<S>,
-    /// Set once the mount is shutting down: no new files are opened for writing.
-    closing: Arc<AtomicBool>,
-    aborted: Arc<std::sync::atomic::AtomicUsize>,
-    /// Files being written in this mount, by inode.
-    writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
-    /// None on a read-only mount (no write buffers at all).
-    uploader: Option<Arc<Uploader<S>>>,
-    dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
     local_dirs: Mutex<std::collections::HashSet<u64>>,
     /// Mode, owner and times set on directories (kept for the life of the mount).
     dir_attrs: Mutex<HashMap<u64, FileMeta>>,
-    next_fh: AtomicU64,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
-    notifier: Arc<OnceLock<Notifier>>,
-    mount_time: SystemTime,
-    /// The local disk cache (`--cache-dir`).
-    disk: Option<Arc<DiskCache>>,
-    /// Passthrough asked for (`--cache-dir` without `--no-passthrough`), and granted by the
-    /// kernel at init (cleared if registering a backing file fails).
-    passthrough_wanted: bool,
-    passthrough: AtomicBool,
-    pass: Mutex<PassState>,
+}
+
+/// The open handles of a mount, by handle number.
+struct Handles<S: ObjectStore> {
+    /// Open files (shared with [`control::FsControl`] for shutdown).
+    files: control::FileTable<S>,
+    dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
+    next: AtomicU64,
+}
+
+impl<S: ObjectStore> Handles<S> {
+    fn next_fh(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// The write side of a mount.
+struct Writes<S: ObjectStore> {
+    /// Files being written in this mount, by inode.
+    writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
+    /// None on a read-only mount (no write buffers at all).
+    uploader: Option<Arc<Uploader<S>>>,
+    /// Set once the mount is shutting down: no new files are opened for writing.
+    closing: Arc<AtomicBool>,
+    /// Files aborted because the mount ended while they were written.
+    aborted: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 type FsResult<T> = Result<T, Errno>;
@@ -210,26 +222,30 @@ impl<S: ObjectStore> S3Fs<S> {
             s3,
             cache,
             inodes: InodeTable::new(root_prefix),
-            negative,
-            listings: dir::ListingCache::new(cfg.metadata_ttl),
-            hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
-            files: Arc::new(Mutex::new(HashMap::new())),
-            closing: Arc::new(AtomicBool::new(false)),
-            aborted: Default::default(),
-            writing: Mutex::new(HashMap::new()),
-            uploader,
-            dirs: Mutex::new(HashMap::new()),
-            local_dirs: Mutex::new(Default::default()),
-            dir_attrs: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
-            exact_probes: AtomicBool::new(false),
+            ns: NsState {
+                negative,
+                listings: dir::ListingCache::new(cfg.metadata_ttl),
+                hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
+                local_dirs: Mutex::new(Default::default()),
+                dir_attrs: Mutex::new(HashMap::new()),
+                exact_probes: AtomicBool::new(false),
+            },
+            handles: Handles {
+                files: Arc::new(Mutex::new(HashMap::new())),
+                dirs: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(1),
+            },
+            writes: Writes {
+                writing: Mutex::new(HashMap::new()),
+                uploader,
+                closing: Arc::new(AtomicBool::new(false)),
+                aborted: Default::default(),
+            },
             notifier,
             mount_time: SystemTime::now(),
             cfg,
             disk: None,
-            passthrough_wanted: false,
-            passthrough: AtomicBool::new(false),
-            pass: Mutex::new(PassState::default()),
+            pass: Default::default(),
         }
     }
 
@@ -248,115 +264,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 })
         }));
         self.disk = Some(disk);
-        self.passthrough_wanted = passthrough;
-    }
-
-    fn lock_pass(&self) -> std::sync::MutexGuard<'_, PassState> {
-        self.pass.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The backing registration for a passthrough open of `ino` (`key` at `etag`), counted as
-    /// one more passthrough handle: the one the inode's open handles use (the kernel takes one
-    /// per inode), else the one tied to the cache entry, else a new one (tied to the entry if
-    /// it keeps its file open, so the next epoch's open costs no registration). None when the
-    /// kernel cannot take it now (the inode is open in cached mode, or by another version).
-    fn backing_for(
-        &self,
-        ino: u64,
-        key: &str,
-        etag: &str,
-        cached: &CachedFile,
-        reply: &ReplyOpen,
-    ) -> Option<Arc<BackingId>> {
-        if !self.passthrough.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut pass = self.lock_pass();
-        if pass.cached.get(&ino).copied().unwrap_or(0) > 0 {
-            return None;
-        }
-        if let Some(live) = pass.live.get_mut(&ino) {
-            if live.etag != etag {
-                return None;
-            }
-            live.handles += 1;
-            return Some(live.backing.clone());
-        }
-        let tied = cached
-            .attached
-            .clone()
-            .and_then(|a| a.downcast::<BackingId>().ok());
-        let backing = match tied {
-            Some(b) => b,
-            None => match reply.open_backing(&cached.file) {
-                Ok(id) => {
-                    let b = Arc::new(id);
-                    if let Some(d) = &self.disk {
-                        d.stats
-                            .passthrough_registrations
-                            .fetch_add(1, Ordering::Relaxed);
-                        d.attach(key, etag, &cached.file, b.clone());
-                    }
-                    b
-                }
-                Err(e) => {
-                    if self.passthrough.swap(false, Ordering::Relaxed) {
-                        warn!(error = %e, "FUSE passthrough is not available (it needs Linux 6.9+ and CAP_SYS_ADMIN); files in the disk cache are served by the daemon instead");
-                    }
-                    return None;
-                }
-            },
-        };
-        pass.live.insert(
-            ino,
-            LivePassthrough {
-                etag: etag.to_string(),
-                backing: backing.clone(),
-                handles: 1,
-            },
-        );
-        Some(backing)
-    }
-
-    fn release_passthrough(&self, ino: u64) {
-        let mut pass = self.lock_pass();
-        if let Some(live) = pass.live.get_mut(&ino) {
-            live.handles -= 1;
-            if live.handles == 0 {
-                pass.live.remove(&ino);
-            }
-        }
-    }
-
-    /// Open flags for a read handle that the kernel serves from its page cache (or not: an
-    /// inode being served by passthrough takes only direct I/O opens). A read handle has
-    /// nothing to do at close: FOPEN_NOFLUSH spares the kernel the FLUSH round trip.
-    fn read_open_flags(&self, ino: u64, keep_cache: bool) -> (FopenFlags, bool) {
-        let mut pass = self.lock_pass();
-        let passthrough_live = pass.live.contains_key(&ino);
-        if self.cfg.direct_io || passthrough_live {
-            return (
-                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
-                false,
-            );
-        }
-        *pass.cached.entry(ino).or_insert(0) += 1;
-        let flags = if keep_cache {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        };
-        (flags | FopenFlags::FOPEN_NOFLUSH, true)
-    }
-
-    fn release_cached_mode(&self, ino: u64) {
-        let mut pass = self.lock_pass();
-        if let Some(n) = pass.cached.get_mut(&ino) {
-            *n -= 1;
-            if *n == 0 {
-                pass.cached.remove(&ino);
-            }
-        }
+        self.pass.wanted = passthrough;
     }
 
     fn ttl_from(&self, now: Instant) -> Instant {
@@ -415,7 +323,7 @@ impl<S: ObjectStore> S3Fs<S> {
             Some(d)
                 if inode.kind == Kind::File
                     && stat.size > 0
-                    && self.passthrough.load(Ordering::Relaxed)
+                    && self.pass.is_on()
                     && d.contains(&inode.key, &stat.etag) =>
             {
                 d.io_size()
@@ -439,8 +347,8 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     fn log_hidden(&self, key: &str, why: &str) {
-        if !self.hidden_logged.contains_key(key) {
-            self.hidden_logged.insert(key.to_string(), ());
+        if !self.ns.hidden_logged.contains_key(key) {
+            self.ns.hidden_logged.insert(key.to_string(), ());
             warn!(
                 key,
                 reason = why,
@@ -450,11 +358,14 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     fn negative_hit(&self, key: &str) -> bool {
-        self.negative.as_ref().is_some_and(|c| c.contains_key(key))
+        self.ns
+            .negative
+            .as_ref()
+            .is_some_and(|c| c.contains_key(key))
     }
 
     fn remember_missing(&self, key: String) {
-        if let Some(c) = &self.negative {
+        if let Some(c) = &self.ns.negative {
             c.insert(key, ());
         }
     }
@@ -544,7 +455,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Ask S3 what `key` is: one listing of the name, or (when that cannot be sure, or the
     /// server refuses such a listing) HeadObject and a listing of `key/`, concurrently.
     async fn probe(&self, key: &str, dir_prefix: &str) -> Result<Probe, S3Error> {
-        if !self.exact_probes.load(Ordering::Relaxed) {
+        if !self.ns.exact_probes.load(Ordering::Relaxed) {
             match self
                 .s3
                 .list_page(key, Some("/"), None, probe::PROBE_MAX_KEYS)
@@ -557,7 +468,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 }
                 Err(e) if e.status == Some(400) => {
                     warn!(key, error = %e, "the server refuses a listing prefix that is not a directory; lookups use HeadObject + ListObjectsV2 from now on");
-                    self.exact_probes.store(true, Ordering::Relaxed);
+                    self.ns.exact_probes.store(true, Ordering::Relaxed);
                 }
                 Err(e) => return Err(e),
             }
@@ -667,12 +578,22 @@ impl<S: ObjectStore> S3Fs<S> {
             .as_ref()
             .and_then(|d| d.lookup(&inode.key, &stat.etag, stat.size))
         {
-            let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-            let backing =
-                reply.and_then(|r| self.backing_for(ino, &inode.key, &stat.etag, &cached, r));
+            let fh = self.handles.next_fh();
+            let backing = reply.and_then(|r| {
+                self.pass.backing_for(
+                    ino,
+                    &inode.key,
+                    &stat.etag,
+                    &cached,
+                    r,
+                    self.disk.as_deref(),
+                )
+            });
             let (flags, cached_mode) = match &backing {
                 Some(_) => (FopenFlags::FOPEN_NOFLUSH, false),
-                None => self.read_open_flags(ino, keep_cache),
+                None => self
+                    .pass
+                    .read_open_flags(ino, keep_cache, self.cfg.direct_io),
             };
             let file = DiskFile {
                 key: inode.key.to_string(),
@@ -703,8 +624,10 @@ impl<S: ObjectStore> S3Fs<S> {
             self.cfg.read,
         )
         .with_disk_cache(self.disk.clone());
-        let (flags, cached_mode) = self.read_open_flags(ino, keep_cache);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let (flags, cached_mode) = self
+            .pass
+            .read_open_flags(ino, keep_cache, self.cfg.direct_io);
+        let fh = self.handles.next_fh();
         self.lock_files().insert(
             fh,
             Arc::new(OpenFile::Read(ino, reader.with_cached_mode(cached_mode))),
@@ -731,13 +654,13 @@ impl<S: ObjectStore> S3Fs<S> {
     /// has one (and changed nothing since), else from S3.
     fn list_dir(&self, inode: &Inode) -> FsResult<DirOut> {
         let now = Instant::now();
-        let (listing, cached) = match self.listings.get(inode.ino, now) {
+        let (listing, cached) = match self.ns.listings.get(inode.ino, now) {
             Some(l) => (l, true),
             None => {
-                let generation = self.listings.generation();
+                let generation = self.ns.listings.generation();
                 let entries = self.list_from_s3(inode)?;
                 (
-                    self.listings.put(inode.ino, now, generation, entries),
+                    self.ns.listings.put(inode.ino, now, generation, entries),
                     false,
                 )
             }
@@ -818,7 +741,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         Ok(DirOut {
             entries: out,
-            ttl: self.listings.remaining(listing.at, Instant::now()),
+            ttl: self.ns.listings.remaining(listing.at, Instant::now()),
         })
     }
 
@@ -860,12 +783,13 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The live counters, one `name value` per line.
     pub fn stats_text(&self) -> String {
         let writes = self
+            .writes
             .uploader
             .as_ref()
             .map(|u| u.summary())
             .unwrap_or_default();
         let files = self.lock_files().len();
-        let writing = self.writing.lock().map(|w| w.len()).unwrap_or(0);
+        let writing = self.writes.writing.lock().map(|w| w.len()).unwrap_or(0);
         let disk = self.disk.as_ref().map(|d| d.summary()).unwrap_or_default();
         format!(
             "{} {} {writes} {disk} {} open_files={files} files_being_written={writing}",
@@ -883,18 +807,18 @@ impl<S: ObjectStore> S3Fs<S> {
     /// the file system.
     pub fn control(&self) -> control::FsControl<S> {
         control::FsControl {
-            files: self.files.clone(),
-            closing: self.closing.clone(),
-            aborted: self.aborted.clone(),
+            files: self.handles.files.clone(),
+            closing: self.writes.closing.clone(),
+            aborted: self.writes.aborted.clone(),
         }
     }
 
     fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile<S>>>> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.handles.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_dirs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenDir>>> {
-        self.dirs.lock().unwrap_or_else(|e| e.into_inner())
+        self.handles.dirs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn entry_ttl(&self) -> Duration {
@@ -904,7 +828,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Hold across anything that changes the namespace in S3 (create, write, delete, rename,
     /// mkdir, rmdir, setattr): cached listings are not used again.
     fn ns_change(&self) -> dir::NamespaceChange<'_> {
-        dir::NamespaceChange::new(&self.listings)
+        dir::NamespaceChange::new(&self.ns.listings)
     }
 }
 
@@ -955,16 +879,16 @@ impl<S: ObjectStore> S3Fs<S> {
         match file.as_deref() {
             Some(OpenFile::Read(ino, reader)) => {
                 if reader.cached_mode() {
-                    self.release_cached_mode(*ino);
+                    self.pass.release_cached_mode(*ino);
                 }
                 debug!(ino, key = reader.key(), "released");
             }
             Some(OpenFile::Disk(ino, d)) => {
                 if d.cached_mode {
-                    self.release_cached_mode(*ino);
+                    self.pass.release_cached_mode(*ino);
                 }
                 if d.passthrough {
-                    self.release_passthrough(*ino);
+                    self.pass.release(*ino);
                 }
                 debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
@@ -977,7 +901,7 @@ impl<S: ObjectStore> S3Fs<S> {
     fn do_opendir(&self, ino: u64) -> FsResult<u64> {
         match self.inodes.get(ino) {
             Some(i) if i.kind == Kind::Dir => {
-                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                let fh = self.handles.next_fh();
                 self.lock_dirs().insert(
                     fh,
                     Arc::new(OpenDir {

@@ -43,7 +43,7 @@ impl SetAttr {
 impl<S: ObjectStore> S3Fs<S> {
     /// The directories made in this mount (and not removed since).
     fn made_here(&self) -> Vec<u64> {
-        let set = self.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
+        let set = self.ns.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
         set.iter().copied().collect()
     }
 
@@ -82,7 +82,8 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn dir_meta(&self, ino: u64) -> Option<FileMeta> {
-        self.dir_attrs
+        self.ns
+            .dir_attrs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&ino)
@@ -126,12 +127,14 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let child = self.inodes.upsert_child(parent, name, Kind::Dir, prefix);
-        self.local_dirs
+        self.ns
+            .local_dirs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(child.ino);
         if (mode & 0o7777) as u16 != self.cfg.dir_mode {
-            self.dir_attrs
+            self.ns
+                .dir_attrs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(
@@ -176,11 +179,13 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     fn forget_dir(&self, child: &Inode) {
-        self.local_dirs
+        self.ns
+            .local_dirs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&child.ino);
-        self.dir_attrs
+        self.ns
+            .dir_attrs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&child.ino);
@@ -316,7 +321,7 @@ impl<S: ObjectStore> S3Fs<S> {
             d.invalidate();
             d.forget_opened();
         }
-        if let Some(neg) = &self.negative {
+        if let Some(neg) = &self.ns.negative {
             neg.invalidate(dst_key);
         }
         self.remember_missing(src.key.clone());
@@ -345,7 +350,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let change = set.meta();
         if inode.kind == Kind::Dir {
             if !change.is_empty() {
-                let mut map = self.dir_attrs.lock().unwrap_or_else(|e| e.into_inner());
+                let mut map = self.ns.dir_attrs.lock().unwrap_or_else(|e| e.into_inner());
                 let merged = map.get(&ino).cloned().unwrap_or_default().merged(&change);
                 map.insert(ino, merged);
             }

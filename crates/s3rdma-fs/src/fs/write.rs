@@ -107,7 +107,10 @@ impl<S: ObjectStore> S3Fs<S> {
     fn lock_writing(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Writing>>> {
-        self.writing.lock().unwrap_or_else(|e| e.into_inner())
+        self.writes
+            .writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Register a writer for `inode`; EBUSY if one is already writing it.
@@ -118,10 +121,10 @@ impl<S: ObjectStore> S3Fs<S> {
         pid: u32,
         meta: FileMeta,
     ) -> FsResult<(u64, Arc<Writing>)> {
-        if self.uploader.is_none() {
+        if self.writes.uploader.is_none() {
             return Err(Errno::EROFS);
         }
-        if self.closing.load(Ordering::SeqCst) {
+        if self.writes.closing.load(Ordering::SeqCst) {
             warn!(key = %inode.key, "the mount is shutting down: no new files can be written");
             return Err(Errno::EROFS);
         }
@@ -135,11 +138,11 @@ impl<S: ObjectStore> S3Fs<S> {
             w.insert(inode.ino, state.clone());
             state
         };
-        let Some(uploader) = &self.uploader else {
+        let Some(uploader) = &self.writes.uploader else {
             return Err(Errno::EROFS);
         };
         let upload = uploader.start(&inode.key, cond, meta);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.handles.next_fh();
         let file = WriteFile {
             opener: tgid_of(pid),
             upload: tokio::sync::Mutex::new(upload),
@@ -170,7 +173,7 @@ impl<S: ObjectStore> S3Fs<S> {
         names::check_name(name).map_err(|b| errno(b.errno()))?;
         let key = names::child_key(&p.key, name);
         let inode = self.inodes.upsert_child(parent, name, Kind::File, key);
-        if let Some(neg) = &self.negative {
+        if let Some(neg) = &self.ns.negative {
             neg.invalidate(&inode.key);
         }
         // Attributes that differ from the mount's defaults are stored with the object.

@@ -177,7 +177,7 @@ fn the_example_systemd_unit_and_fstab_line_mount_as_systemd_runs_them() {
     put(&b, "ckpt/in.txt", b"in".to_vec());
     let mnt = mountpoint();
     let _guard = Mounted(mnt.clone());
-    let unit = std::fs::read_to_string("scripts/systemd/mnt-ckpt.mount").unwrap();
+    let unit = std::fs::read_to_string(repo_root().join("scripts/systemd/mnt-ckpt.mount")).unwrap();
     let unit = localise(&unit, &b, &mnt);
     let field = |name: &str| -> String {
         unit.lines()
@@ -204,7 +204,8 @@ fn the_example_systemd_unit_and_fstab_line_mount_as_systemd_runs_them() {
     // ... and to stop it.
     unmount(&mnt);
 
-    let fstab_text = std::fs::read_to_string("scripts/systemd/fstab.example").unwrap();
+    let fstab_text =
+        std::fs::read_to_string(repo_root().join("scripts/systemd/fstab.example")).unwrap();
     let fstab = work_dir().join(format!("fstab-example-{}", std::process::id()));
     std::fs::write(&fstab, localise(&fstab_text, &b, &mnt)).unwrap();
     let out = mount_cmd()
@@ -228,7 +229,8 @@ fn the_example_systemd_unit_and_fstab_line_mount_as_systemd_runs_them() {
 fn install_sh_installs_and_uninstalls() {
     let prefix = work_dir().join(format!("prefix-{}", std::process::id()));
     let bin_dir = Path::new(bin()).parent().unwrap();
-    let out = Command::new("scripts/install.sh")
+    let out = Command::new(repo_root().join("scripts/install.sh"))
+        .current_dir(repo_root())
         .arg("--prefix")
         .arg(&prefix)
         .arg("--bin-dir")
@@ -254,7 +256,8 @@ fn install_sh_installs_and_uninstalls() {
         .output()
         .unwrap();
     assert!(v.status.success());
-    let out = Command::new("scripts/install.sh")
+    let out = Command::new(repo_root().join("scripts/install.sh"))
+        .current_dir(repo_root())
         .arg("--uninstall")
         .arg("--prefix")
         .arg(&prefix)
