@@ -71,6 +71,16 @@ impl S3Error {
         }
     }
 
+    /// The error of a read pinned to a version (`If-Match`): a deleted object reads like a
+    /// replaced one, since the version the reader pinned is gone either way.
+    pub fn pinned_gone(mut self) -> S3Error {
+        if self.kind == S3ErrorKind::NotFound {
+            self.kind = S3ErrorKind::PreconditionFailed;
+            self.message = format!("object deleted since it was opened ({})", self.message);
+        }
+        self
+    }
+
     /// The errno a FUSE reply should carry for this error.
     pub fn errno(&self) -> i32 {
         errno_for(self.kind)

@@ -332,7 +332,7 @@ impl<S: ObjectStore> Cache<S> {
                     .await
             }
         };
-        result.map_err(crate::read::pinned_gone)
+        result.map_err(S3Error::pinned_gone)
     }
 
     /// A sequential reader moved two blocks past this block: it goes behind — or to

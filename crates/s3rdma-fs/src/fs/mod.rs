@@ -865,7 +865,7 @@ impl<S: ObjectStore> S3Fs<S> {
             warn!(key = %d.key, error = %e, "reading the disk cache failed; reading from S3");
             self.rt
                 .block_on(self.s3.get_range_into(&d.key, &d.etag, offset, &mut buf))
-                .map_err(|e| self.fail("read", &crate::read::pinned_gone(e)))?;
+                .map_err(|e| self.fail("read", &e.pinned_gone()))?;
         }
         Ok(ReadData::Owned(buf))
     }

@@ -178,7 +178,7 @@ impl<S: ObjectStore> ObjectReader<S> {
             self.s3
                 .get_range_into(&self.key, &self.etag, offset, &mut buf)
                 .await
-                .map_err(pinned_gone)?;
+                .map_err(S3Error::pinned_gone)?;
             return Ok(ReadData::Owned(buf));
         }
         if first == last {
@@ -254,13 +254,4 @@ impl<S: ObjectStore> ObjectReader<S> {
             }
         });
     }
-}
-
-/// The version a handle pinned is gone either way: a deleted object reads like a replaced one.
-pub(crate) fn pinned_gone(mut e: S3Error) -> S3Error {
-    if e.kind == S3ErrorKind::NotFound {
-        e.kind = S3ErrorKind::PreconditionFailed;
-        e.message = format!("object deleted since it was opened ({})", e.message);
-    }
-    e
 }

@@ -5,6 +5,7 @@ mod cache;
 mod common;
 mod diskcache;
 mod faults;
+mod layout;
 mod lifecycle;
 mod namespace;
 mod rdma;
