@@ -41,10 +41,21 @@ impl SetAttr {
 }
 
 impl<S: ObjectStore> S3Fs<S> {
-    /// The directories made in this mount (and not removed since).
-    fn made_here(&self) -> Vec<u64> {
-        let set = self.ns.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
-        set.iter().copied().collect()
+    /// The directories this mount keeps whatever S3 says: those made here (and not removed
+    /// since), and those holding a file being written here.
+    fn anchors(&self) -> Vec<u64> {
+        let mut dirs: Vec<u64> = {
+            let set = self.ns.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
+            set.iter().copied().collect()
+        };
+        let writing: Vec<u64> = self.lock_writing().keys().copied().collect();
+        dirs.extend(
+            writing
+                .into_iter()
+                .filter_map(|i| self.inodes.get(i))
+                .map(|f| f.parent),
+        );
+        dirs
     }
 
     /// `ino` and its parents up to the root.
@@ -57,9 +68,10 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// Whether directory `ino` exists in this mount whatever S3 says: it was made here, or a
-    /// directory made here lies below it (a directory exists while it has an entry).
+    /// directory made here or a file being written here lies below it (a directory exists
+    /// while it has an entry).
     pub(super) fn is_local_dir(&self, ino: u64) -> bool {
-        self.made_here()
+        self.anchors()
             .into_iter()
             .any(|l| self.ancestry(l).any(|i| i.ino == ino))
     }
@@ -68,7 +80,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// [`S3Fs::is_local_dir`]).
     pub(super) fn local_dirs_in(&self, parent: u64) -> Vec<Arc<Inode>> {
         let mut out: Vec<Arc<Inode>> = Vec::new();
-        for l in self.made_here() {
+        for l in self.anchors() {
             let child = self
                 .ancestry(l)
                 .find(|i| i.parent == parent && i.ino != parent);

@@ -104,7 +104,7 @@ impl<S: ObjectStore> S3Fs<S> {
             .collect()
     }
 
-    fn lock_writing(
+    pub(super) fn lock_writing(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Writing>>> {
         self.writes

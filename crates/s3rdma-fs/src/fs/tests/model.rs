@@ -31,17 +31,70 @@ const SIZES: &[usize] = &[0, 1, 100, 70_000, (5 << 20) + 1];
 
 #[derive(Clone, Debug)]
 enum Step {
-    Write { path: usize, size: usize, seed: u8 },
-    Read { path: usize },
-    Unlink { path: usize },
-    Rename { from: usize, to: usize },
-    Mkdir { path: usize },
-    Rmdir { path: usize },
-    Chmod { path: usize, mode: u32 },
-    Truncate { path: usize },
-    RemotePut { key: usize, size: usize, seed: u8 },
-    RemoteDelete { key: usize },
-    WriteInOutage { path: usize, size: usize, seed: u8 },
+    Write {
+        path: usize,
+        size: usize,
+        seed: u8,
+    },
+    Read {
+        path: usize,
+    },
+    Unlink {
+        path: usize,
+    },
+    Rename {
+        from: usize,
+        to: usize,
+    },
+    Mkdir {
+        path: usize,
+    },
+    Rmdir {
+        path: usize,
+    },
+    Chmod {
+        path: usize,
+        mode: u32,
+    },
+    Truncate {
+        path: usize,
+    },
+    RemotePut {
+        key: usize,
+        size: usize,
+        seed: u8,
+    },
+    RemoteDelete {
+        key: usize,
+    },
+    WriteInOutage {
+        path: usize,
+        size: usize,
+        seed: u8,
+    },
+    /// Open for reading and keep the handle.
+    OpenRead {
+        path: usize,
+    },
+    /// Read 4 KiB at `at`/255 of the file through an open handle.
+    ReadOpen {
+        slot: usize,
+        at: u8,
+    },
+    CloseRead {
+        slot: usize,
+    },
+    /// Open for writing (`O_TRUNC`/create) and keep the handle (one at a time).
+    OpenWrite {
+        path: usize,
+    },
+    /// Append to the file open for writing.
+    WriteMore {
+        size: usize,
+        seed: u8,
+    },
+    /// Close it: the commit, conditional on what the key was at open.
+    CloseWrite,
     Remount,
 }
 
@@ -67,7 +120,13 @@ fn step() -> impl Strategy<Value = Step> {
         1 => p.clone().prop_map(|path| Step::Truncate { path }),
         4 => (k.clone(), size(), any::<u8>()).prop_map(|(key, size, seed)| Step::RemotePut { key, size, seed }),
         2 => k.prop_map(|key| Step::RemoteDelete { key }),
-        1 => (p, size(), any::<u8>()).prop_map(|(path, size, seed)| Step::WriteInOutage { path, size, seed }),
+        1 => (p.clone(), size(), any::<u8>()).prop_map(|(path, size, seed)| Step::WriteInOutage { path, size, seed }),
+        2 => p.clone().prop_map(|path| Step::OpenRead { path }),
+        3 => (0..4usize, any::<u8>()).prop_map(|(slot, at)| Step::ReadOpen { slot, at }),
+        1 => (0..4usize).prop_map(|slot| Step::CloseRead { slot }),
+        2 => p.prop_map(|path| Step::OpenWrite { path }),
+        2 => (size(), any::<u8>()).prop_map(|(size, seed)| Step::WriteMore { size, seed }),
+        2 => Just(Step::CloseWrite),
         1 => Just(Step::Remount),
     ]
 }
@@ -78,6 +137,29 @@ struct Obj {
     data: Vec<u8>,
     /// The permission bits stored with it (None: the mount's default applies).
     mode: Option<u32>,
+    /// Bumped by every write of the key (a new ETag), even of the same bytes.
+    version: u64,
+}
+
+/// A read handle: what it opened.
+#[derive(Debug)]
+struct OpenRead {
+    fh: u64,
+    path: String,
+    data: Vec<u8>,
+    version: u64,
+}
+
+/// The file open for writing.
+#[derive(Debug)]
+struct Writer {
+    fh: u64,
+    path: String,
+    data: Vec<u8>,
+    /// The version of the key at open (None: a new file).
+    base: Option<u64>,
+    /// Its stored mode, kept by the rewrite.
+    mode: Option<u32>,
 }
 
 /// The promised state: the bucket's keys, and the directories made in this mount that no key
@@ -86,6 +168,9 @@ struct Obj {
 struct Model {
     objects: BTreeMap<String, Obj>,
     local_dirs: BTreeSet<String>,
+    reads: Vec<OpenRead>,
+    writer: Option<Writer>,
+    versions: u64,
 }
 
 /// [S-NS-HIDDEN]: a segment no Linux name can be.
@@ -98,6 +183,39 @@ fn parent(path: &str) -> &str {
 }
 
 impl Model {
+    /// Store `data` under `key` as a new version.
+    fn store(&mut self, key: &str, data: Vec<u8>, mode: Option<u32>) {
+        self.versions += 1;
+        let version = self.versions;
+        self.objects.insert(
+            key.to_string(),
+            Obj {
+                data,
+                mode,
+                version,
+            },
+        );
+    }
+
+    /// A new version of `key` with the same bytes (a copy onto itself, a truncate).
+    fn touch(&mut self, key: &str, f: impl FnOnce(&mut Obj)) {
+        self.versions += 1;
+        let version = self.versions;
+        if let Some(o) = self.objects.get_mut(key) {
+            f(o);
+            o.version = version;
+        }
+    }
+
+    /// Whether `path` is the file open for writing, or lies under it, or holds it.
+    fn near_writer(&self, path: &str) -> bool {
+        self.writer.as_ref().is_some_and(|w| {
+            w.path == path
+                || w.path.starts_with(&format!("{path}/"))
+                || path.starts_with(&format!("{}/", w.path))
+        })
+    }
+
     /// Directories shown: the root, every prefix of a key up to its first unnameable segment
     /// [S-NS-IMPLICIT] [S-NS-MARKER], those made here and the directories they lie in.
     fn dirs(&self) -> BTreeSet<String> {
@@ -111,8 +229,10 @@ impl Model {
                 dirs.insert(segs[..i].join("/"));
             }
         }
-        // A directory made here exists, and so do the directories it lies in.
-        for d in &self.local_dirs {
+        // A directory made here exists, and so do the directories it (or a file being written)
+        // lies in.
+        let writer_dir = self.writer.as_ref().map(|w| parent(&w.path).to_string());
+        for d in self.local_dirs.iter().chain(writer_dir.iter()) {
             let mut at = d.as_str();
             while !at.is_empty() {
                 dirs.insert(at.to_string());
@@ -127,6 +247,7 @@ impl Model {
         self.objects
             .iter()
             .filter(|(k, _)| !k.ends_with('/') && k.split('/').all(valid) && !dirs.contains(*k))
+            .filter(|(k, _)| self.writer.as_ref().is_none_or(|w| &w.path != *k))
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect()
     }
@@ -169,6 +290,10 @@ impl Model {
             .keys()
             .any(|k| k.starts_with(&prefix) && k.as_str() != prefix)
             || self.local_dirs.iter().any(|d| d.starts_with(&prefix))
+            || self
+                .writer
+                .as_ref()
+                .is_some_and(|w| w.path.starts_with(&prefix))
     }
 }
 
@@ -188,6 +313,51 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), TestCaseError>
 /// it.
 fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCaseError> {
     let f = fx.as_ref().expect("a mount");
+    // While a file is open for writing, what [S-WRITE-WHILE-WRITING] fixes is checked, and
+    // steps whose outcome it leaves open (renaming or changing it, keys under it) are skipped.
+    if let Some(w) = &m.writer {
+        let wp = w.path.clone();
+        match *step {
+            Step::Write { path, .. }
+            | Step::OpenRead { path }
+            | Step::Read { path }
+            | Step::Unlink { path }
+                if PATHS[path] == wp =>
+            {
+                let got = match *step {
+                    Step::Write { .. } => f.write(PATHS[path], b"x"),
+                    Step::Unlink { .. } => f.unlink(PATHS[path]),
+                    _ => f.open_read(PATHS[path]).map(|fh| f.fs.do_release(fh)),
+                };
+                return check(got == Err(Errno::EBUSY), || {
+                    format!("{step:?} on the file being written: {got:?}")
+                });
+            }
+            Step::Rename { from, to } if m.near_writer(PATHS[from]) || m.near_writer(PATHS[to]) => {
+                return Ok(())
+            }
+            Step::Write { path, .. }
+            | Step::WriteInOutage { path, .. }
+            | Step::Mkdir { path }
+            | Step::Rmdir { path }
+            | Step::Chmod { path, .. }
+            | Step::Truncate { path }
+            | Step::Unlink { path }
+            | Step::Read { path }
+            | Step::OpenRead { path }
+                if m.near_writer(PATHS[path]) =>
+            {
+                return Ok(())
+            }
+            Step::RemotePut { key, .. } | Step::RemoteDelete { key }
+                if KEYS[key] != wp && m.near_writer(KEYS[key].trim_end_matches('/')) =>
+            {
+                return Ok(())
+            }
+            Step::OpenWrite { .. } => return Ok(()),
+            _ => {}
+        }
+    }
     match *step {
         Step::Write { path, size, seed } => {
             let p = PATHS[path];
@@ -206,7 +376,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             if got.is_ok() {
                 // [S-WRITE-OVERWRITE]: a rewrite keeps the stored mode.
                 let mode = m.objects.get(p).and_then(|o| o.mode).or(Some(0o644));
-                m.objects.insert(p.to_string(), Obj { data, mode });
+                m.store(p, data, mode);
                 // A key under a directory made here now backs it.
             }
         }
@@ -256,7 +426,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             } else if movable {
                 check(got.is_ok(), || format!("rename {a} -> {b}: {got:?}"))?;
                 let o = m.objects.remove(a).expect("file");
-                m.objects.insert(b.to_string(), o);
+                m.store(b, o.data, o.mode);
             } else if m.is_dir(a)
                 && a != b
                 && m.is_dir(parent(b))
@@ -312,9 +482,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             let got = f.setattr(p, set).map(|_| ());
             if m.file(p).is_some() {
                 check(got.is_ok(), || format!("chmod {p}: {got:?}"))?;
-                if let Some(o) = m.objects.get_mut(p) {
-                    o.mode = Some(mode);
-                }
+                m.touch(p, |o| o.mode = Some(mode));
             } else if !m.is_dir(p) {
                 check(got.is_err(), || format!("chmod missing {p} succeeded"))?;
             }
@@ -328,9 +496,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             let got = f.setattr(p, set).map(|_| ());
             if m.file(p).is_some() {
                 check(got.is_ok(), || format!("truncate {p}: {got:?}"))?;
-                if let Some(o) = m.objects.get_mut(p) {
-                    o.data.clear();
-                }
+                m.touch(p, |o| o.data.clear());
             } else if !m.is_dir(p) {
                 check(got.is_err(), || format!("truncate missing {p} succeeded"))?;
             }
@@ -338,8 +504,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
         Step::RemotePut { key, size, seed } => {
             let data = pattern(size, seed);
             f.mem().put_external(KEYS[key], &data);
-            m.objects
-                .insert(KEYS[key].to_string(), Obj { data, mode: None });
+            m.store(KEYS[key], data, None);
         }
         Step::RemoteDelete { key } => {
             f.mem().delete_external(KEYS[key]);
@@ -354,11 +519,142 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             check(got.is_err(), || format!("write {p} in an outage succeeded"))?;
             let _ = errno_of(&got);
         }
+        Step::OpenRead { path } => {
+            let p = PATHS[path];
+            let got = f.open_read(p);
+            match m.file(p) {
+                Some(o) => {
+                    let fh = got.map_err(|e| TestCaseError::fail(format!("open {p}: {e:?}")))?;
+                    m.reads.push(OpenRead {
+                        fh,
+                        path: p.to_string(),
+                        data: o.data,
+                        version: o.version,
+                    });
+                }
+                None => check(got.is_err(), || {
+                    format!("open of {p}, absent in the model, succeeded")
+                })?,
+            }
+        }
+        Step::ReadOpen { slot, at } => {
+            if m.reads.is_empty() {
+                return Ok(());
+            }
+            let h = &m.reads[slot % m.reads.len()];
+            let len = h.data.len();
+            let off = len * at as usize / 255;
+            let end = (off + 4096).min(len);
+            let got = f.pread(h.fh, off as u64, 4096);
+            let unchanged = m
+                .objects
+                .get(&h.path)
+                .is_some_and(|o| o.version == h.version);
+            // [S-READ-PINNED]: the bytes of the version opened, or ESTALE once it is gone.
+            match got {
+                Ok(bytes) => {
+                    check(bytes == h.data[off..end], || {
+                        format!("read of {} at {off} through a handle: {} bytes not of the version opened", h.path, bytes.len())
+                    })?
+                }
+                Err(e) => {
+                    check(
+                        !unchanged && (e == Errno::ESTALE || e == Errno::ENOENT),
+                        || {
+                            format!("read of {} at {off} through a handle: {e:?} (unchanged: {unchanged})", h.path)
+                        },
+                    )?
+                }
+            }
+        }
+        Step::CloseRead { slot } => {
+            if !m.reads.is_empty() {
+                let h = m.reads.remove(slot % m.reads.len());
+                f.fs.do_release(h.fh);
+            }
+        }
+        Step::OpenWrite { path } => {
+            let p = PATHS[path];
+            let got = f.create_or_truncate(p);
+            let want = if m.is_dir(p) {
+                Err(Errno::EISDIR)
+            } else if let Some(e) = m.walk_error(parent(p)) {
+                Err(e)
+            } else {
+                Ok(())
+            };
+            check(got.map(|_| ()) == want, || {
+                format!("open {p} for writing: {got:?}, model says {want:?}")
+            })?;
+            if let Ok(fh) = got {
+                let base = m.objects.get(p);
+                m.writer = Some(Writer {
+                    fh,
+                    path: p.to_string(),
+                    data: Vec::new(),
+                    base: base.map(|o| o.version),
+                    mode: base.and_then(|o| o.mode).or(Some(0o644)),
+                });
+            }
+        }
+        Step::WriteMore { size, seed } => {
+            if let Some(w) = m.writer.as_mut() {
+                let data = pattern(size.min(1 << 20), seed);
+                let got = f.fs.do_write(w.fh, w.data.len() as u64, &data);
+                check(got == Ok(data.len() as u32), || {
+                    format!("write to {}: {got:?}", w.path)
+                })?;
+                w.data.extend_from_slice(&data);
+            }
+        }
+        Step::CloseWrite => close_writer(f, m)?,
         Step::Remount => {
+            close_writer(f, m)?;
+            for h in m.reads.drain(..) {
+                f.fs.do_release(h.fh);
+            }
             let old = fx.take().expect("a mount");
             *fx = Some(old.remount());
             m.local_dirs.clear();
         }
+    }
+    Ok(())
+}
+
+/// Close the file open for writing, if any: [S-WRITE-EXCL] [S-WRITE-OVERWRITE] — stored if
+/// its key is as it was at open, else `EEXIST`/`ESTALE` (or `ENOENT` when deleted) and the
+/// other client's object stays.
+fn close_writer(f: &Fx, m: &mut Model) -> Result<(), TestCaseError> {
+    let Some(w) = m.writer.take() else {
+        return Ok(());
+    };
+    let got = f.close(w.fh);
+    let now = m.objects.get(&w.path).map(|o| o.version);
+    if w.data.is_empty() {
+        // [S-WRITE-SHELL]: a close before anything was written stores nothing; the empty file
+        // is stored at the last release (just after), under the same condition, where an
+        // error can only be logged.
+        check(got.is_ok(), || {
+            format!("close of {} with nothing written: {got:?}", w.path)
+        })?;
+        if now == w.base {
+            m.store(&w.path, w.data, w.mode);
+        }
+    } else if now == w.base {
+        check(got.is_ok(), || format!("close of {}: {got:?}", w.path))?;
+        m.store(&w.path, w.data, w.mode);
+    } else {
+        let want = match (w.base, now) {
+            (None, Some(_)) => vec![Errno::EEXIST],
+            (Some(_), Some(_)) => vec![Errno::ESTALE],
+            _ => vec![Errno::ENOENT, Errno::ESTALE],
+        };
+        check(got.as_ref().is_err_and(|e| want.contains(e)), || {
+            format!(
+                "close of {} changed by another client: {got:?}, want one of {want:?}",
+                w.path
+            )
+        })?;
     }
     Ok(())
 }
@@ -386,10 +682,12 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
     // What the filesystem shows: each directory's entries, each file's size, mode and bytes.
     let dirs = m.dirs();
     let files = m.files(&dirs);
+    let writing: Vec<String> = m.writer.iter().map(|w| w.path.clone()).collect();
     for d in &dirs {
         let mut want: Vec<String> = dirs
             .iter()
             .chain(files.keys())
+            .chain(writing.iter())
             .filter(|p| !p.is_empty() && parent(p) == d.as_str())
             .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
             .collect();
@@ -428,8 +726,22 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
             format!("bytes of {p}: {:?}", got.map(|v| v.len()))
         })?;
     }
+    // [S-WRITE-WHILE-WRITING]: a file being written shows the bytes written so far.
+    if let Some(w) = &m.writer {
+        let a = fx.stat(&w.path);
+        check(
+            a.as_ref().map(|a| a.size) == Ok(w.data.len() as u64),
+            || {
+                format!(
+                    "stat of {} being written: {a:?}, model {} bytes",
+                    w.path,
+                    w.data.len()
+                )
+            },
+        )?;
+    }
     for p in PATHS {
-        if !dirs.contains(*p) && !files.contains_key(*p) {
+        if !dirs.contains(*p) && !files.contains_key(*p) && !writing.iter().any(|w| w == p) {
             let got = fx.stat(p);
             check(
                 matches!(got, Err(Errno::ENOENT) | Err(Errno::ENOTDIR)),
