@@ -18,6 +18,6 @@ if [ -z "${CUFILE_ENV_PATH_JSON:-}" ]; then
   echo "rdma-check: CUFILE_ENV_PATH_JSON is not set; cuObject will read /etc/cufile.json (its rdma_dev_addr_list must name the NIC)" >&2
 fi
 export S3RDMA_CHECK_ENDPOINT=$1 S3RDMA_CHECK_BUCKET=$2
-cargo build --release --locked --features nvidia
+cargo build --release --locked -p s3rdma --features nvidia
 target/release/s3rdma --version
-cargo test --release --locked --features nvidia --test integration real_endpoint_round_trips -- --ignored --nocapture
+cargo test --release --locked -p s3rdma --features nvidia --test integration real_endpoint_round_trips -- --ignored --nocapture
