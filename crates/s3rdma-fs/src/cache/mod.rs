@@ -542,3 +542,110 @@ impl Inner {
         Some((i, uses > victim_uses))
     }
 }
+
+#[cfg(test)]
+mod store_tests {
+    //! The cache over the in-memory store: the GETs it sends are the store's counters.
+
+    use super::*;
+    use s3rdma_client::testing::{MemStore, Op};
+
+    const BS: usize = 64 << 10;
+
+    fn setup(
+        blocks: usize,
+    ) -> (
+        tokio::runtime::Runtime,
+        MemStore,
+        Arc<Cache<MemStore>>,
+        String,
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let store = MemStore::new("b");
+        let data: Vec<u8> = (0..BS * 8).map(|i| (i % 251) as u8).collect();
+        let etag = store.put_external("obj", &data);
+        let cache = Arc::new(Cache::new(store.clone(), BS, blocks, 4).expect("cache"));
+        (rt, store, cache, etag)
+    }
+
+    fn key(etag: &str, index: u64) -> BlockKey {
+        BlockKey {
+            key: "obj".into(),
+            etag: etag.into(),
+            index,
+        }
+    }
+
+    // [S-CACHE-CONCURRENT]: readers of one block share one GET.
+    #[test]
+    fn concurrent_readers_of_a_block_share_one_get_and_get_the_right_bytes() {
+        let (rt, store, cache, etag) = setup(4);
+        let k = key(&etag, 3);
+        let reads: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, k) = (cache.clone(), k.clone());
+                rt.spawn(async move {
+                    let b = c
+                        .get(&k, BS, Access::Once)
+                        .await
+                        .expect("get")
+                        .expect("a block");
+                    b.data()[..16].to_vec()
+                })
+            })
+            .collect();
+        for r in reads {
+            let first = rt.block_on(r).expect("task");
+            let want: Vec<u8> = (3 * BS..3 * BS + 16).map(|i| (i % 251) as u8).collect();
+            assert_eq!(first, want);
+        }
+        assert_eq!(store.requests(Op::Get), 1);
+    }
+
+    // [S-CACHE-EVICT]: a cache smaller than the object keeps reading it right, refetching
+    // what it evicted, and never holds more blocks than it has.
+    #[test]
+    fn a_small_cache_evicts_and_fetches_again() {
+        let (rt, store, cache, etag) = setup(2);
+        for round in 0..2u64 {
+            for i in 0..8u64 {
+                let b = rt
+                    .block_on(cache.get(&key(&etag, i), BS, Access::Once))
+                    .expect("get")
+                    .expect("a block");
+                assert_eq!(
+                    b.data()[0],
+                    ((i as usize * BS) % 251) as u8,
+                    "round {round}"
+                );
+            }
+        }
+        let held = (0..8).filter(|&i| cache.contains(&key(&etag, i))).count();
+        assert!(held <= 2, "{held} blocks held in a 2-block cache");
+        // The second round finds at most the two blocks the cache holds.
+        let gets = store.requests(Op::Get);
+        assert!((14..=16).contains(&gets), "{gets} GETs");
+        // A block pinned to a replaced version fails ESTALE (PreconditionFailed), never the
+        // new bytes.
+        store.put_external("obj", &[9u8; BS * 8]);
+        let e = rt
+            .block_on(cache.get(&key(&etag, 5), BS, Access::Once))
+            .err()
+            .expect("an error");
+        assert_eq!(e.kind, S3ErrorKind::PreconditionFailed);
+        store.delete_external("obj");
+        let e = rt
+            .block_on(cache.get(&key(&etag, 6), BS, Access::Once))
+            .err()
+            .expect("an error");
+        assert_eq!(
+            e.kind,
+            S3ErrorKind::PreconditionFailed,
+            "a deleted object reads as replaced"
+        );
+    }
+}
