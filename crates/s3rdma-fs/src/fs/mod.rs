@@ -146,6 +146,8 @@ pub struct S3Fs<S: ObjectStore> {
     disk: Option<Arc<DiskCache>>,
     /// Which inodes the kernel reads itself from the disk cache.
     pass: passthrough::Passthrough,
+    /// Operations failed by S3, by errno.
+    failures: Failures,
     notifier: Arc<OnceLock<Notifier>>,
     mount_time: SystemTime,
 }
@@ -178,6 +180,40 @@ struct Handles<S: ObjectStore> {
 impl<S: ObjectStore> Handles<S> {
     fn next_fh(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Operations that failed because of S3, by the errno the kernel got.
+#[derive(Default)]
+struct Failures([AtomicU64; Failures::NAMES.len()]);
+
+impl Failures {
+    const NAMES: [(i32, &'static str); 7] = [
+        (libc::EIO, "failed_eio"),
+        (libc::ESTALE, "failed_estale"),
+        (libc::ENOENT, "failed_enoent"),
+        (libc::EACCES, "failed_eacces"),
+        (libc::EAGAIN, "failed_eagain"),
+        (libc::ETIMEDOUT, "failed_etimedout"),
+        (0, "failed_other"),
+    ];
+
+    fn count(&self, errno: i32) {
+        let i = Self::NAMES
+            .iter()
+            .position(|&(e, _)| e == errno)
+            .unwrap_or(Self::NAMES.len() - 1);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `failed_eio=N failed_estale=N …`
+    fn summary(&self) -> String {
+        Self::NAMES
+            .iter()
+            .zip(&self.0)
+            .map(|((_, name), n)| format!("{name}={}", n.load(Ordering::Relaxed)))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
@@ -246,6 +282,7 @@ impl<S: ObjectStore> S3Fs<S> {
             cfg,
             disk: None,
             pass: Default::default(),
+            failures: Failures::default(),
         }
     }
 
@@ -333,7 +370,10 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// Log an S3 failure of a user-visible operation and turn it into the errno to return.
+    /// The one path of an operation failed by S3: logged at the level its kind deserves,
+    /// counted (`s3rdma stats`: `failed_<errno>`), turned into the errno the kernel gets.
     fn fail(&self, op: &str, e: &S3Error) -> Errno {
+        self.failures.count(e.errno());
         match e.kind {
             S3ErrorKind::NotFound => debug!(op, key = %e.key, "not found"),
             S3ErrorKind::PreconditionFailed => warn!(
@@ -792,10 +832,11 @@ impl<S: ObjectStore> S3Fs<S> {
         let writing = self.writes.writing.lock().map(|w| w.len()).unwrap_or(0);
         let disk = self.disk.as_ref().map(|d| d.summary()).unwrap_or_default();
         format!(
-            "{} {} {writes} {disk} {} open_files={files} files_being_written={writing}",
+            "{} {} {writes} {disk} {} open_files={files} files_being_written={writing} {}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
             crate::rdma_live_summary(),
+            self.failures.summary(),
         )
         .split_whitespace()
         .filter_map(|kv| kv.split_once('='))

@@ -350,6 +350,12 @@ fn an_outage_fails_reads_with_an_errno_and_they_work_again_after_it() {
     fx.store.outage(u64::MAX);
     let e = fx.read("r").unwrap_err();
     assert_eq!(e, Errno::EIO);
+    // Counted once, in `s3rdma stats`.
+    assert!(
+        fx.fs.stats_text().contains("failed_eio 1\n"),
+        "{}",
+        fx.fs.stats_text()
+    );
     fx.store.clear();
     assert_eq!(fx.read("r").unwrap(), data);
     // A short transfer is never taken as data.
