@@ -1,6 +1,7 @@
 //! Reference-model tests: generated sequences of local operations (write, read, unlink, rename,
-//! mkdir, rmdir, chmod, truncate), another client's PUTs and DELETEs (including keys no Linux
-//! path can name and keys that clash with directories), outages during a write, and remounts,
+//! mkdir, rmdir, chmod, utimes, truncate, read handles kept open, a file kept open for writing
+//! with fsync), another client's PUTs and DELETEs (including keys no Linux path can name and
+//! keys that clash with directories), outages during a write, and remounts,
 //! run on `S3Fs` over the in-memory store with every TTL at 0. After every step the model —
 //! the bucket's keys as SEMANTICS.md says each operation leaves them, plus the directories made
 //! in this mount — is compared with the bucket and with what the filesystem shows (listings,
@@ -11,7 +12,7 @@
 #![cfg(test)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileType};
 use proptest::prelude::*;
@@ -95,6 +96,13 @@ enum Step {
     },
     /// Close it: the commit, conditional on what the key was at open.
     CloseWrite,
+    /// `fsync` it: the same commit, the handle stays open.
+    Fsync,
+    /// `utimes`: the mtime stored with the object.
+    Utimes {
+        path: usize,
+        secs: u32,
+    },
     Remount,
 }
 
@@ -127,6 +135,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => p.prop_map(|path| Step::OpenWrite { path }),
         2 => (size(), any::<u8>()).prop_map(|(size, seed)| Step::WriteMore { size, seed }),
         2 => Just(Step::CloseWrite),
+        1 => Just(Step::Fsync),
+        1 => (0..PATHS.len(), any::<u32>()).prop_map(|(path, secs)| Step::Utimes { path, secs }),
         1 => Just(Step::Remount),
     ]
 }
@@ -139,6 +149,8 @@ struct Obj {
     mode: Option<u32>,
     /// Bumped by every write of the key (a new ETag), even of the same bytes.
     version: u64,
+    /// The mtime stored with it by `utimes` (None: not checked).
+    mtime: Option<SystemTime>,
 }
 
 /// A read handle: what it opened.
@@ -160,6 +172,9 @@ struct Writer {
     base: Option<u64>,
     /// Its stored mode, kept by the rewrite.
     mode: Option<u32>,
+    /// Committed by `fsync` (Some(true)), or its commit failed (Some(false)): no longer being
+    /// written [S-WRITE-FSYNC].
+    committed: Option<bool>,
 }
 
 /// The promised state: the bucket's keys, and the directories made in this mount that no key
@@ -193,6 +208,7 @@ impl Model {
                 data,
                 mode,
                 version,
+                mtime: None,
             },
         );
     }
@@ -207,9 +223,14 @@ impl Model {
         }
     }
 
-    /// Whether `path` is the file open for writing, or lies under it, or holds it.
+    /// The file being written: open for writing and not committed by `fsync`.
+    fn writing(&self) -> Option<&Writer> {
+        self.writer.as_ref().filter(|w| w.committed.is_none())
+    }
+
+    /// Whether `path` is the file being written, or lies under it, or holds it.
     fn near_writer(&self, path: &str) -> bool {
-        self.writer.as_ref().is_some_and(|w| {
+        self.writing().is_some_and(|w| {
             w.path == path
                 || w.path.starts_with(&format!("{path}/"))
                 || path.starts_with(&format!("{}/", w.path))
@@ -231,7 +252,7 @@ impl Model {
         }
         // A directory made here exists, and so do the directories it (or a file being written)
         // lies in.
-        let writer_dir = self.writer.as_ref().map(|w| parent(&w.path).to_string());
+        let writer_dir = self.writing().map(|w| parent(&w.path).to_string());
         for d in self.local_dirs.iter().chain(writer_dir.iter()) {
             let mut at = d.as_str();
             while !at.is_empty() {
@@ -247,7 +268,7 @@ impl Model {
         self.objects
             .iter()
             .filter(|(k, _)| !k.ends_with('/') && k.split('/').all(valid) && !dirs.contains(*k))
-            .filter(|(k, _)| self.writer.as_ref().is_none_or(|w| &w.path != *k))
+            .filter(|(k, _)| self.writing().is_none_or(|w| &w.path != *k))
             .map(|(k, o)| (k.clone(), o.clone()))
             .collect()
     }
@@ -290,10 +311,7 @@ impl Model {
             .keys()
             .any(|k| k.starts_with(&prefix) && k.as_str() != prefix)
             || self.local_dirs.iter().any(|d| d.starts_with(&prefix))
-            || self
-                .writer
-                .as_ref()
-                .is_some_and(|w| w.path.starts_with(&prefix))
+            || self.writing().is_some_and(|w| w.path.starts_with(&prefix))
     }
 }
 
@@ -315,7 +333,10 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
     let f = fx.as_ref().expect("a mount");
     // While a file is open for writing, what [S-WRITE-WHILE-WRITING] fixes is checked, and
     // steps whose outcome it leaves open (renaming or changing it, keys under it) are skipped.
-    if let Some(w) = &m.writer {
+    if m.writer.is_some() && matches!(step, Step::OpenWrite { .. }) {
+        return Ok(());
+    }
+    if let Some(w) = m.writing() {
         let wp = w.path.clone();
         match *step {
             Step::Write { path, .. }
@@ -354,7 +375,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             {
                 return Ok(())
             }
-            Step::OpenWrite { .. } => return Ok(()),
+            Step::Utimes { path, .. } if m.near_writer(PATHS[path]) => return Ok(()),
             _ => {}
         }
     }
@@ -427,6 +448,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                 check(got.is_ok(), || format!("rename {a} -> {b}: {got:?}"))?;
                 let o = m.objects.remove(a).expect("file");
                 m.store(b, o.data, o.mode);
+                m.touch(b, |n| n.mtime = o.mtime);
             } else if m.is_dir(a)
                 && a != b
                 && m.is_dir(parent(b))
@@ -594,6 +616,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                     data: Vec::new(),
                     base: base.map(|o| o.version),
                     mode: base.and_then(|o| o.mode).or(Some(0o644)),
+                    committed: None,
                 });
             }
         }
@@ -601,10 +624,45 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             if let Some(w) = m.writer.as_mut() {
                 let data = pattern(size.min(1 << 20), seed);
                 let got = f.fs.do_write(w.fh, w.data.len() as u64, &data);
-                check(got == Ok(data.len() as u32), || {
-                    format!("write to {}: {got:?}", w.path)
-                })?;
-                w.data.extend_from_slice(&data);
+                match w.committed {
+                    None => {
+                        check(got == Ok(data.len() as u32), || {
+                            format!("write to {}: {got:?}", w.path)
+                        })?;
+                        w.data.extend_from_slice(&data);
+                    }
+                    // [S-WRITE-FSYNC]: S3 cannot append to what fsync stored.
+                    Some(true) => check(got == Err(Errno::EOPNOTSUPP), || {
+                        format!("write after fsync of {}: {got:?}", w.path)
+                    })?,
+                    Some(false) => check(got.is_err(), || {
+                        format!("write after a failed fsync of {}: {got:?}", w.path)
+                    })?,
+                }
+            }
+        }
+        Step::Fsync => {
+            if let Some(w) = m.writing() {
+                let got = f.fs.do_fsync(w.fh);
+                let stored = commit_outcome(m, got, "fsync")?;
+                if let Some(w) = m.writer.as_mut() {
+                    w.committed = Some(stored);
+                }
+            }
+        }
+        Step::Utimes { path, secs } => {
+            let p = PATHS[path];
+            let t = UNIX_EPOCH + Duration::new(u64::from(secs), secs % 1_000_000_000);
+            let set = SetAttr {
+                mtime: Some(t),
+                ..Default::default()
+            };
+            let got = f.setattr(p, set).map(|_| ());
+            if m.file(p).is_some() {
+                check(got.is_ok(), || format!("utimes {p}: {got:?}"))?;
+                m.touch(p, |o| o.mtime = Some(t));
+            } else if !m.is_dir(p) {
+                check(got.is_err(), || format!("utimes of missing {p} succeeded"))?;
             }
         }
         Step::CloseWrite => close_writer(f, m)?,
@@ -621,28 +679,57 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
     Ok(())
 }
 
-/// Close the file open for writing, if any: [S-WRITE-EXCL] [S-WRITE-OVERWRITE] — stored if
-/// its key is as it was at open, else `EEXIST`/`ESTALE` (or `ENOENT` when deleted) and the
-/// other client's object stays.
+/// Close the file open for writing, if any.
 fn close_writer(f: &Fx, m: &mut Model) -> Result<(), TestCaseError> {
-    let Some(w) = m.writer.take() else {
+    let Some(w) = m.writer.as_ref() else {
         return Ok(());
     };
     let got = f.close(w.fh);
-    let now = m.objects.get(&w.path).map(|o| o.version);
-    if w.data.is_empty() {
-        // [S-WRITE-SHELL]: a close before anything was written stores nothing; the empty file
-        // is stored at the last release (just after), under the same condition, where an
-        // error can only be logged.
-        check(got.is_ok(), || {
-            format!("close of {} with nothing written: {got:?}", w.path)
-        })?;
-        if now == w.base {
-            m.store(&w.path, w.data, w.mode);
+    match w.committed {
+        // [S-WRITE-FSYNC]: the object keeps what fsync stored; the close stores nothing more.
+        Some(true) => check(got.is_ok(), || {
+            format!("close after fsync of {}: {got:?}", w.path)
+        })?,
+        Some(false) => {}
+        None if w.data.is_empty() => {
+            // [S-WRITE-SHELL]: a close before anything was written stores nothing; the empty
+            // file is stored at the last release (just after), under the same condition, where
+            // an error can only be logged.
+            check(got.is_ok(), || {
+                format!("close of {} with nothing written: {got:?}", w.path)
+            })?;
+            if m.objects.get(&w.path).map(|o| o.version) == w.base {
+                let (path, mode) = (w.path.clone(), w.mode);
+                m.store(&path, Vec::new(), mode);
+            }
         }
-    } else if now == w.base {
-        check(got.is_ok(), || format!("close of {}: {got:?}", w.path))?;
-        m.store(&w.path, w.data, w.mode);
+        None => {
+            commit_outcome(m, got, "close")?;
+        }
+    }
+    m.writer = None;
+    Ok(())
+}
+
+/// Check the outcome of committing the file open for writing ([S-WRITE-EXCL]
+/// [S-WRITE-OVERWRITE]): stored if its key is as it was at open, else `EEXIST`/`ESTALE` (or
+/// `ENOENT` when deleted) and the other client's object stays. Whether it was stored.
+fn commit_outcome(
+    m: &mut Model,
+    got: Result<(), Errno>,
+    what: &str,
+) -> Result<bool, TestCaseError> {
+    let w = m.writer.as_ref().expect("a writer");
+    let now = m.objects.get(&w.path).map(|o| o.version);
+    if now == w.base {
+        check(got.is_ok(), || format!("{what} of {}: {got:?}", w.path))?;
+        let (path, data, mode) = (w.path.clone(), w.data.clone(), w.mode);
+        m.store(&path, data, mode);
+        let version = m.objects.get(&path).map(|o| o.version);
+        if let Some(w) = m.writer.as_mut() {
+            w.base = version;
+        }
+        Ok(true)
     } else {
         let want = match (w.base, now) {
             (None, Some(_)) => vec![Errno::EEXIST],
@@ -651,12 +738,12 @@ fn close_writer(f: &Fx, m: &mut Model) -> Result<(), TestCaseError> {
         };
         check(got.as_ref().is_err_and(|e| want.contains(e)), || {
             format!(
-                "close of {} changed by another client: {got:?}, want one of {want:?}",
+                "{what} of {} changed by another client: {got:?}, want one of {want:?}",
                 w.path
             )
         })?;
+        Ok(false)
     }
-    Ok(())
 }
 
 /// Compare the bucket and the filesystem's view with the model.
@@ -682,7 +769,7 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
     // What the filesystem shows: each directory's entries, each file's size, mode and bytes.
     let dirs = m.dirs();
     let files = m.files(&dirs);
-    let writing: Vec<String> = m.writer.iter().map(|w| w.path.clone()).collect();
+    let writing: Vec<String> = m.writing().iter().map(|w| w.path.clone()).collect();
     for d in &dirs {
         let mut want: Vec<String> = dirs
             .iter()
@@ -721,13 +808,18 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
         check(u32::from(a.perm) == mode, || {
             format!("mode of {p}: {:o}, model {mode:o}", a.perm)
         })?;
+        if let Some(t) = o.mtime {
+            check(a.mtime == t, || {
+                format!("mtime of {p}: {:?}, model {t:?}", a.mtime)
+            })?;
+        }
         let got = fx.read(p);
         check(got.as_deref() == Ok(&o.data[..]), || {
             format!("bytes of {p}: {:?}", got.map(|v| v.len()))
         })?;
     }
     // [S-WRITE-WHILE-WRITING]: a file being written shows the bytes written so far.
-    if let Some(w) = &m.writer {
+    if let Some(w) = m.writing() {
         let a = fx.stat(&w.path);
         check(
             a.as_ref().map(|a| a.size) == Ok(w.data.len() as u64),
@@ -769,6 +861,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 // [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-HIDDEN] [S-NS-CLASH] [S-NS-MKDIR] [S-NS-UNLINK]
 // [S-NS-RENAME] [S-NS-SETATTR] [S-WRITE-OVERWRITE] [S-WRITE-ALL-OR-NOTHING] [S-NS-TTL]
+// [S-READ-PINNED] [S-WRITE-EXCL] [S-WRITE-FSYNC] [S-WRITE-SHELL] [S-WRITE-WHILE-WRITING]
 #[test]
 fn operation_sequences_match_the_reference_model() {
     let cases = env_u64("S3RDMA_MODEL_CASES").unwrap_or(48) as u32;
