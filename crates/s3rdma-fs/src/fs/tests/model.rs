@@ -496,32 +496,18 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             }
         }
         Step::Chmod { path, mode } => {
-            let p = PATHS[path];
             let set = SetAttr {
                 mode: Some(mode),
                 ..Default::default()
             };
-            let got = f.setattr(p, set).map(|_| ());
-            if m.file(p).is_some() {
-                check(got.is_ok(), || format!("chmod {p}: {got:?}"))?;
-                m.touch(p, |o| o.mode = Some(mode));
-            } else if !m.is_dir(p) {
-                check(got.is_err(), || format!("chmod missing {p} succeeded"))?;
-            }
+            setattr_step(f, m, PATHS[path], set, "chmod", |o| o.mode = Some(mode))?;
         }
         Step::Truncate { path } => {
-            let p = PATHS[path];
             let set = SetAttr {
                 size: Some(0),
                 ..Default::default()
             };
-            let got = f.setattr(p, set).map(|_| ());
-            if m.file(p).is_some() {
-                check(got.is_ok(), || format!("truncate {p}: {got:?}"))?;
-                m.touch(p, |o| o.data.clear());
-            } else if !m.is_dir(p) {
-                check(got.is_err(), || format!("truncate missing {p} succeeded"))?;
-            }
+            setattr_step(f, m, PATHS[path], set, "truncate", |o| o.data.clear())?;
         }
         Step::RemotePut { key, size, seed } => {
             let data = pattern(size, seed);
@@ -651,19 +637,12 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             }
         }
         Step::Utimes { path, secs } => {
-            let p = PATHS[path];
             let t = UNIX_EPOCH + Duration::new(u64::from(secs), secs % 1_000_000_000);
             let set = SetAttr {
                 mtime: Some(t),
                 ..Default::default()
             };
-            let got = f.setattr(p, set).map(|_| ());
-            if m.file(p).is_some() {
-                check(got.is_ok(), || format!("utimes {p}: {got:?}"))?;
-                m.touch(p, |o| o.mtime = Some(t));
-            } else if !m.is_dir(p) {
-                check(got.is_err(), || format!("utimes of missing {p} succeeded"))?;
-            }
+            setattr_step(f, m, PATHS[path], set, "utimes", |o| o.mtime = Some(t))?;
         }
         Step::CloseWrite => close_writer(f, m)?,
         Step::Remount => {
@@ -675,6 +654,26 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             *fx = Some(old.remount());
             m.local_dirs.clear();
         }
+    }
+    Ok(())
+}
+
+/// A `setattr` of `p` ([S-NS-SETATTR]): a file takes the change (a copy onto itself: a new
+/// version); a directory's attributes live in the mount (not checked); a missing name fails.
+fn setattr_step(
+    f: &Fx,
+    m: &mut Model,
+    p: &str,
+    set: SetAttr,
+    what: &str,
+    change: impl FnOnce(&mut Obj),
+) -> Result<(), TestCaseError> {
+    let got = f.setattr(p, set).map(|_| ());
+    if m.file(p).is_some() {
+        check(got.is_ok(), || format!("{what} {p}: {got:?}"))?;
+        m.touch(p, change);
+    } else if !m.is_dir(p) {
+        check(got.is_err(), || format!("{what} of missing {p} succeeded"))?;
     }
     Ok(())
 }
