@@ -1,4 +1,7 @@
-//! The FUSE filesystem: maps kernel requests onto the inode table, listings and object readers.
+//! The filesystem logic, generic over the object store: maps kernel requests onto the inode
+//! table, listings, object readers and uploads. `fuse.rs` is the thin adapter that calls the
+//! `do_*` methods here (which return attributes, handles and errno values, never reply
+//! themselves); `tests/` drives the same methods on the in-memory store.
 //!
 //! FUSE worker threads (`--max-threads`) call in concurrently; each blocks on the tokio runtime
 //! for its S3 requests, while read-ahead runs as tasks on that runtime.
