@@ -178,8 +178,8 @@ fn file_and_directory_of_the_same_name_shows_the_directory() {
 #[test]
 fn names_up_to_255_bytes_work_and_longer_ones_are_refused() {
     // SeaweedFS itself normalises or refuses keys that are not valid file names ('a//b',
-    // '.'/'..' segments, segments over 255 bytes), so hiding them is tested on the listing
-    // logic (src/fs/dir.rs, src/fs/names.rs) rather than here.
+    // '.'/'..' segments, segments over 255 bytes), so hiding them is tested on the in-memory
+    // store (crates/s3rdma-fs/src/fs/tests/unit.rs and the model) rather than here.
     let b = bucket("namelen");
     let max = "M".repeat(255);
     put(&b, &format!("long/{max}"), b"255 bytes is fine".to_vec());
