@@ -16,14 +16,6 @@ pub struct FileMeta {
 }
 
 impl FileMeta {
-    /// No stored attributes.
-    pub const EMPTY: FileMeta = FileMeta {
-        mode: None,
-        uid: None,
-        gid: None,
-        mtime: None,
-    };
-
     /// From an object's user metadata (names without `x-amz-meta-`, as the SDK gives them).
     /// Values that do not parse are ignored.
     pub fn from_map(map: Option<&HashMap<String, String>>) -> FileMeta {

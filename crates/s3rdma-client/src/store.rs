@@ -134,7 +134,7 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
 
     /// CreateMultipartUpload with no stored attributes.
     fn create_multipart(&self, key: &str) -> impl Future<Output = Result<String, S3Error>> + Send {
-        self.create_multipart_with(key, &EMPTY_META)
+        async move { self.create_multipart_with(key, &FileMeta::default()).await }
     }
 
     /// Unconditional CompleteMultipartUpload.
@@ -144,7 +144,10 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         upload_id: &str,
         parts: &[(i32, String)],
     ) -> impl Future<Output = Result<String, S3Error>> + Send {
-        self.complete_multipart_if(key, upload_id, parts, &NO_CONDITION)
+        async move {
+            self.complete_multipart_if(key, upload_id, parts, &Condition::None)
+                .await
+        }
     }
 
     /// Ranged GetObject over RDMA into the whole of a registered buffer.
@@ -158,11 +161,6 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         self.get_range_rdma_window(key, etag, offset, RdmaWindow::of_buffer(buf))
     }
 }
-
-/// No stored attributes.
-static EMPTY_META: FileMeta = FileMeta::EMPTY;
-/// No precondition.
-static NO_CONDITION: Condition = Condition::None;
 
 /// Metadata of one object, from HEAD or from a listing.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -725,6 +725,9 @@ impl<S: ObjectStore> S3Fs<S> {
             name: "..".into(),
             attr: self.attr(&parent, &dir_stat),
         });
+        // Directories this mount keeps whatever S3 says (made here, or holding one or a file
+        // being written).
+        let kept = self.local_dirs_in(inode.ino);
         for (name, listed) in &listing.entries {
             let (child, stat) = match listed {
                 Listed::Dir => {
@@ -735,11 +738,9 @@ impl<S: ObjectStore> S3Fs<S> {
                 Listed::File(info) => {
                     // A directory made in this mount wins over a file another client stored
                     // under the same name since [S-NS-CLASH].
-                    if let Some(c) = self.inodes.child(inode.ino, name) {
-                        if c.kind == Kind::Dir && self.is_local_dir(c.ino) {
-                            self.log_hidden(&info.key, "a directory of the same name exists");
-                            continue;
-                        }
+                    if kept.iter().any(|c| c.name == *name) {
+                        self.log_hidden(&info.key, "a directory of the same name exists");
+                        continue;
                     }
                     let key = info.key.clone();
                     let child = self.inodes.upsert_child(inode.ino, name, Kind::File, key);
@@ -763,7 +764,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         // Directories made here and files being written exist in this mount before S3 has
         // them.
-        for child in self.local_dirs_in(inode.ino) {
+        for child in kept {
             if !out.iter().any(|e| e.name == child.name) {
                 out.push(DirEntryOut {
                     attr: self.attr(&child, &dir_stat),
