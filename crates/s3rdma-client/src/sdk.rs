@@ -633,28 +633,11 @@ impl ObjectStore for S3Client {
             .map(|i| (i as i32 + 1, i * part, ((i + 1) * part).min(src.size) - 1))
             .collect();
         let copies = run_bounded(ranges.into_iter().map(|(n, a, b)| {
-            let (source, id) = (source.clone(), id.clone());
+            let id = id.clone();
             async move {
-                let start = self.stats.request();
-                let res = self
-                    .client
-                    .upload_part_copy()
-                    .bucket(&self.bucket)
-                    .key(dst)
-                    .upload_id(&id)
-                    .part_number(n)
-                    .copy_source(&source)
-                    .copy_source_if_match(&src.etag)
-                    .copy_source_range(format!("bytes={a}-{b}"))
-                    .send()
-                    .await;
-                log_outcome("UploadPartCopy", dst, start, &res);
-                let out = res.map_err(|e| convert("UploadPartCopy", dst, e))?;
-                let etag = out
-                    .copy_part_result()
-                    .and_then(|r| r.e_tag())
-                    .unwrap_or_default()
-                    .to_string();
+                let etag = self
+                    .upload_part_copy(dst, &id, n, &src.key, &src.etag, a..b + 1)
+                    .await?;
                 Ok::<_, S3Error>((n, etag))
             }
         }))
@@ -669,6 +652,42 @@ impl ObjectStore for S3Client {
             }
         }
         done
+    }
+
+    async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        src_key: &str,
+        src_etag: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<String, S3Error> {
+        let source = format!("{}/{}", self.bucket, encode_key(src_key));
+        let start = self.stats.request();
+        let res = self
+            .client
+            .upload_part_copy()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(part)
+            .copy_source(&source)
+            .copy_source_if_match(src_etag)
+            .copy_source_range(format!(
+                "bytes={}-{}",
+                range.start,
+                range.end.saturating_sub(1)
+            ))
+            .send()
+            .await;
+        log_outcome("UploadPartCopy", key, start, &res);
+        let out = res.map_err(|e| convert("UploadPartCopy", key, e))?;
+        Ok(out
+            .copy_part_result()
+            .and_then(|r| r.e_tag())
+            .unwrap_or_default()
+            .to_string())
     }
 
     /// Ranged GetObject of `buf.len()` bytes at `offset`, conditional on `etag` (`If-Match`),

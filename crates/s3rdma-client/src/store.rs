@@ -120,6 +120,19 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         single_limit: u64,
     ) -> impl Future<Output = Result<String, S3Error>> + Send;
 
+    /// UploadPartCopy: part `part` of `upload_id` becomes bytes `range` (end exclusive) of
+    /// `src_key`, which must still have ETag `src_etag` (`x-amz-copy-source-if-match`; a
+    /// changed source fails with `PreconditionFailed`). Returns the part's ETag.
+    fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        src_key: &str,
+        src_etag: &str,
+        range: std::ops::Range<u64>,
+    ) -> impl Future<Output = Result<String, S3Error>> + Send;
+
     /// Unconditional PutObject with no stored attributes.
     fn put_object(
         &self,

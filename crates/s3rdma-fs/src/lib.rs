@@ -11,6 +11,7 @@ pub mod cache;
 pub mod diskcache;
 pub mod fs;
 pub mod read;
+pub mod stage;
 pub mod upload;
 
 /// The cuObject resources this process holds now: `rdma_registrations=… rdma_registered_bytes=…

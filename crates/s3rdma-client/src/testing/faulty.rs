@@ -292,6 +292,21 @@ impl<S: ObjectStore> ObjectStore for Faulty<S> {
         self.inner.delete_object(key).await
     }
 
+    async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        src_key: &str,
+        src_etag: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<String, S3Error> {
+        self.plain(Op::Copy, key).await?;
+        self.inner
+            .upload_part_copy(key, upload_id, part, src_key, src_etag, range)
+            .await
+    }
+
     async fn copy_object(
         &self,
         src: &ObjectInfo,

@@ -504,6 +504,36 @@ impl ObjectStore for MemStore {
         Ok(etag)
     }
 
+    async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        src_key: &str,
+        src_etag: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<String, S3Error> {
+        let op = Op::Copy;
+        self.count(op);
+        let mut st = self.lock();
+        let src = st.version(op, src_key, src_etag)?.data.clone();
+        if range.start >= range.end
+            || range.end > src.len() as u64
+            || range.end - range.start > 5 << 30
+        {
+            return Err(err(S3ErrorKind::Other, op, key, 416, "InvalidRange"));
+        }
+        let etag = st.etag();
+        let up = st
+            .uploads
+            .get_mut(upload_id)
+            .filter(|u| u.key == key)
+            .ok_or_else(|| err(S3ErrorKind::NotFound, op, key, 404, "NoSuchUpload"))?;
+        let bytes: Arc<[u8]> = src[range.start as usize..range.end as usize].into();
+        up.parts.insert(part, (etag.clone(), bytes));
+        Ok(etag)
+    }
+
     async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), S3Error> {
         self.count(Op::AbortMultipart);
         let mut st = self.lock();

@@ -52,11 +52,12 @@ pub struct UploadStats {
 
 /// What every file being written shares: the pool, the upload slots, the client.
 pub struct Uploader<S: ObjectStore> {
-    s3: S,
-    rt: Handle,
-    pool: Arc<WritePool>,
-    permits: Arc<Semaphore>,
-    max_blocks: usize,
+    pub(crate) s3: S,
+    pub(crate) rt: Handle,
+    pub(crate) pool: Arc<WritePool>,
+    /// Upload slots shared by every file of the mount (`--upload-concurrency`).
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) max_blocks: usize,
     pub stats: UploadStats,
 }
 
