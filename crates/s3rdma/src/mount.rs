@@ -145,6 +145,25 @@ pub fn run(settings: Settings) -> ! {
     if let Some(d) = &disk {
         fs.set_disk_cache(d.clone(), settings.passthrough);
     }
+    if uploader.is_some() {
+        let dir = &settings.staging_dir;
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            readiness.fail(&format!(
+                "cannot create the staging directory {}: {e}; give a writable --staging-dir",
+                dir.display()
+            ));
+        }
+        let limit = settings
+            .staging_size
+            .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
+        match s3rdma_fs::stage::StagingArea::open(dir, limit) {
+            Ok(area) => {
+                info!(dir = %dir.display(), limit, "staged files ready");
+                fs.set_staging(Arc::new(area));
+            }
+            Err(msg) => readiness.fail(&msg),
+        }
+    }
     let control = fs.control();
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(&settings);

@@ -170,7 +170,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let _s = debug_span!("fuse", op = "create", parent = parent.0, name = ?name).entered();
@@ -182,13 +182,14 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             name,
             (req.pid(), req.uid(), req.gid()),
             mode & !umask,
+            OpenFlags(flags),
         ) {
-            Ok((attr, fh)) => reply.created(
+            Ok((attr, fh, fl)) => reply.created(
                 &self.entry_ttl(),
                 &attr,
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::FOPEN_DIRECT_IO,
+                fl,
             ),
             Err(e) => reply.error(e),
         }

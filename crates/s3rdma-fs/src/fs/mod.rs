@@ -14,6 +14,7 @@ pub mod names;
 pub mod namespace;
 mod passthrough;
 pub mod probe;
+mod staged;
 pub mod write;
 
 #[cfg(test)]
@@ -35,6 +36,7 @@ use tracing::{debug, warn};
 use crate::cache::Cache;
 use crate::diskcache::{CachedFile, DiskCache};
 use crate::read::{ObjectReader, ReadConfig, ReadData};
+use crate::stage::StagingArea;
 use crate::upload::Uploader;
 use dir::{DirBuilder, Listed};
 use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
@@ -96,6 +98,8 @@ enum OpenFile<S: ObjectStore> {
     /// Served from the disk cache: by the kernel when `backing` is set (passthrough), else by
     /// `pread` here.
     Disk(u64, DiskFile),
+    /// A handle (reading or writing) of a staged file.
+    Staged(u64, Arc<staged::Staged<S>>),
 }
 
 struct DiskFile {
@@ -230,6 +234,10 @@ struct Writes<S: ObjectStore> {
     closing: Arc<AtomicBool>,
     /// Files aborted because the mount ended while they were written.
     aborted: Arc<std::sync::atomic::AtomicUsize>,
+    /// Where staged files keep their bytes (None: read-only, or no staging).
+    stage: Option<Arc<StagingArea>>,
+    /// Staged files, by inode.
+    staged: Mutex<HashMap<u64, Arc<staged::Staged<S>>>>,
 }
 
 type FsResult<T> = Result<T, Errno>;
@@ -279,6 +287,8 @@ impl<S: ObjectStore> S3Fs<S> {
                 uploader,
                 closing: Arc::new(AtomicBool::new(false)),
                 aborted: Default::default(),
+                stage: None,
+                staged: Mutex::new(HashMap::new()),
             },
             notifier,
             mount_time: SystemTime::now(),
@@ -305,6 +315,11 @@ impl<S: ObjectStore> S3Fs<S> {
         }));
         self.disk = Some(disk);
         self.pass.wanted = passthrough;
+    }
+
+    /// Stage files in `area` (opens for read-write, appends, edits in place, truncation).
+    pub fn set_staging(&mut self, area: Arc<StagingArea>) {
+        self.writes.stage = Some(area);
     }
 
     fn ttl_from(&self, now: Instant) -> Instant {
@@ -423,8 +438,8 @@ impl<S: ObjectStore> S3Fs<S> {
         names::check_name(name).map_err(|b| errno(b.errno()))?;
         let now = Instant::now();
         if let Some(child) = self.inodes.child(parent, name) {
-            if let Some(w) = self.writing(child.ino) {
-                return Ok(self.attr(&child, &w.stat()));
+            if let Some(stat) = self.local_stat(child.ino) {
+                return Ok(self.attr(&child, &stat));
             }
             if child.kind == Kind::Dir && self.is_local_dir(child.ino) {
                 return Ok(self.attr(&child, &self.dir_stat()));
@@ -533,8 +548,8 @@ impl<S: ObjectStore> S3Fs<S> {
 
     fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
-        if let Some(w) = self.writing(ino) {
-            return Ok(self.attr(&inode, &w.stat()));
+        if let Some(stat) = self.local_stat(ino) {
+            return Ok(self.attr(&inode, &stat));
         }
         let now = Instant::now();
         if let Some(stat) = inode.fresh_stat(now) {
@@ -572,6 +587,10 @@ impl<S: ObjectStore> S3Fs<S> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind == Kind::Dir {
             return Err(Errno::EISDIR);
+        }
+        if let Some(staged) = self.staged(ino) {
+            let (fh, fl) = self.open_staged(ino, staged, flags)?;
+            return Ok(Opened::Plain(fh, fl));
         }
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             return self
@@ -683,6 +702,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let reader = match &*file {
             OpenFile::Read(_, reader) => reader,
             OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
+            OpenFile::Staged(_, s) => return self.read_staged(s, offset, size).map(ReadData::Owned),
             OpenFile::Write(..) => {
                 warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
                 return Err(Errno::EOPNOTSUPP);
@@ -756,7 +776,7 @@ impl<S: ObjectStore> S3Fs<S> {
                     stat
                 }
             };
-            let stat = self.writing(child.ino).map_or(stat, |w| w.stat());
+            let stat = self.local_stat(child.ino).unwrap_or(stat);
             out.push(DirEntryOut {
                 attr: self.attr(&child, &stat),
                 name: name.clone(),
@@ -772,13 +792,13 @@ impl<S: ObjectStore> S3Fs<S> {
                 });
             }
         }
-        for (ino, w) in self.writing_in(inode.ino) {
+        for (ino, stat) in self.local_files_in(inode.ino) {
             let Some(child) = self.inodes.get(ino) else {
                 continue;
             };
             if !out.iter().any(|e| e.name == child.name) {
                 out.push(DirEntryOut {
-                    attr: self.attr(&child, &w.stat()),
+                    attr: self.attr(&child, &stat),
                     name: child.name.clone(),
                 });
             }
@@ -835,8 +855,14 @@ impl<S: ObjectStore> S3Fs<S> {
         let files = self.lock_files().len();
         let writing = self.writes.writing.lock().map(|w| w.len()).unwrap_or(0);
         let disk = self.disk.as_ref().map(|d| d.summary()).unwrap_or_default();
+        let stage = self
+            .writes
+            .stage
+            .as_ref()
+            .map(|a| a.summary())
+            .unwrap_or_default();
         format!(
-            "{} {} {writes} {disk} {} open_files={files} files_being_written={writing} {}",
+            "{} {} {writes} {stage} {disk} {} open_files={files} files_being_written={writing} {}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
             crate::rdma_live_summary(),
@@ -938,6 +964,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
+            Some(OpenFile::Staged(ino, s)) => self.release_staged(*ino, s),
             None => {}
         }
     }

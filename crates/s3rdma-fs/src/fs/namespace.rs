@@ -48,9 +48,8 @@ impl<S: ObjectStore> S3Fs<S> {
             let set = self.ns.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
             set.iter().copied().collect()
         };
-        let writing: Vec<u64> = self.lock_writing().keys().copied().collect();
         dirs.extend(
-            writing
+            self.local_files()
                 .into_iter()
                 .filter_map(|i| self.inodes.get(i))
                 .map(|f| f.parent),
@@ -169,7 +168,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if child.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
-        if !self.writing_in(child.ino).is_empty() || !self.local_dirs_in(child.ino).is_empty() {
+        if !self.local_files_in(child.ino).is_empty() || !self.local_dirs_in(child.ino).is_empty() {
             return Err(Errno::ENOTEMPTY);
         }
         let page = self
@@ -210,6 +209,12 @@ impl<S: ObjectStore> S3Fs<S> {
         let child = self.existing_child(parent, name)?;
         if child.kind == Kind::Dir {
             return Err(Errno::EISDIR);
+        }
+        if let Some(s) = self.staged(child.ino) {
+            self.unlink_staged(&s)?;
+            self.forget_file(&child);
+            debug!(key = %child.key, "removed while staged");
+            return Ok(());
         }
         if self.writing(child.ino).is_some() {
             warn!(key = %child.key, "cannot remove a file while it is being written in this mount; close it first");
@@ -270,6 +275,19 @@ impl<S: ObjectStore> S3Fs<S> {
             if self.writing(d.ino).is_some() {
                 return Err(Errno::EBUSY);
             }
+        }
+        if let Some(s) = self.staged(src.ino) {
+            self.rename_staged(&s, &dst_key, dst.is_some())?;
+            if let Some(d) = dst.as_deref().and_then(|d| self.staged(d.ino)) {
+                d.replaced();
+            }
+            self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
+            debug!(from = %src.key, to = %dst_key, "renamed while staged");
+            return Ok(());
+        }
+        // A staged file replaced by the rename stores nothing any more.
+        if let Some(d) = dst.as_deref().and_then(|d| self.staged(d.ino)) {
+            d.replaced();
         }
         // A file not stored yet (still open) will be stored under the new name. One being
         // stored right now (its last close or release is committing it) is waited for.
@@ -366,6 +384,10 @@ impl<S: ObjectStore> S3Fs<S> {
                 let merged = map.get(&ino).cloned().unwrap_or_default().merged(&change);
                 map.insert(ino, merged);
             }
+            return self.do_getattr(ino);
+        }
+        if let Some(s) = self.staged(ino) {
+            self.setattr_staged(&s, set.size, &change)?;
             return self.do_getattr(ino);
         }
         if let Some(w) = self.writing(ino) {

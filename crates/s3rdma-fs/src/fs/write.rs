@@ -16,7 +16,7 @@ use fuser::{Errno, FileAttr, FopenFlags, OpenFlags};
 use tracing::{debug, warn};
 
 use super::inode::{Inode, Kind, Stat};
-use super::{errno, names, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
+use super::{errno, names, staged, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
 use crate::upload::{Upload, WriteError};
 use s3rdma_client::{Condition, FileMeta, ObjectStore, S3ErrorKind};
 
@@ -95,12 +95,28 @@ impl<S: ObjectStore> S3Fs<S> {
         self.lock_writing().get(&ino).cloned()
     }
 
-    /// Files being written in directory `parent`: (ino, state).
-    pub(super) fn writing_in(&self, parent: u64) -> Vec<(u64, Arc<Writing>)> {
-        self.lock_writing()
-            .iter()
-            .filter(|(i, _)| self.inodes.get(**i).is_some_and(|n| n.parent == parent))
-            .map(|(i, w)| (*i, w.clone()))
+    /// What `stat` shows of a file that exists in this mount beyond what S3 has: being
+    /// written, or staged.
+    pub(super) fn local_stat(&self, ino: u64) -> Option<Stat> {
+        if let Some(w) = self.writing(ino) {
+            return Some(w.stat());
+        }
+        self.staged(ino).map(|s| s.stat())
+    }
+
+    /// Inodes of files being written or staged in this mount.
+    pub(super) fn local_files(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.lock_writing().keys().copied().collect();
+        v.extend(self.lock_staged().keys().copied().filter(|i| self.staged(*i).is_some()));
+        v
+    }
+
+    /// Files being written or staged in directory `parent`: (ino, what stat shows).
+    pub(super) fn local_files_in(&self, parent: u64) -> Vec<(u64, Stat)> {
+        self.local_files()
+            .into_iter()
+            .filter(|i| self.inodes.get(*i).is_some_and(|n| n.parent == parent))
+            .filter_map(|i| self.local_stat(i).map(|s| (i, s)))
             .collect()
     }
 
@@ -159,7 +175,8 @@ impl<S: ObjectStore> S3Fs<S> {
         name: &std::ffi::OsStr,
         req: (u32, u32, u32),
         mode: u32,
-    ) -> FsResult<(FileAttr, u64)> {
+        flags: OpenFlags,
+    ) -> FsResult<(FileAttr, u64, FopenFlags)> {
         let _ns = self.ns_change();
         let (pid, uid, gid) = req;
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
@@ -185,9 +202,20 @@ impl<S: ObjectStore> S3Fs<S> {
             mtime: None,
         };
         // The kernel found no such name: the object must still not exist when it is stored.
+        if self.can_stage() && staged::wants_staging(flags, 0) {
+            let st = self.stage(&inode, None, Condition::IfNoneMatch, meta)?;
+            let stat = st.stat();
+            let (fh, fl) = self.open_staged(inode.ino, st, flags)?;
+            debug!(key = %inode.key, fh, "created, staged");
+            return Ok((self.attr(&inode, &stat), fh, fl));
+        }
         let (fh, writing) = self.begin_write(&inode, Condition::IfNoneMatch, pid, meta)?;
         debug!(key = %inode.key, fh, "created");
-        Ok((self.attr(&inode, &writing.stat()), fh))
+        Ok((
+            self.attr(&inode, &writing.stat()),
+            fh,
+            FopenFlags::FOPEN_DIRECT_IO,
+        ))
     }
 
     /// `open` with write access of an existing file.
@@ -223,6 +251,14 @@ impl<S: ObjectStore> S3Fs<S> {
                 .and_then(|s| s.meta.clone())
                 .unwrap_or_default()
         };
+        if self.can_stage() && staged::wants_staging(flags, current.as_ref().map_or(0, |s| s.size))
+        {
+            if self.writing(inode.ino).is_some() {
+                warn!(key = %inode.key, "file is already being written in this mount; close the other writer first");
+                return Err(Errno::EBUSY);
+            }
+            return self.open_staged_existing(inode, current, flags, meta);
+        }
         let cond = match current {
             // Gone since the kernel looked: this writes a new object.
             None => Condition::IfNoneMatch,
@@ -240,8 +276,10 @@ impl<S: ObjectStore> S3Fs<S> {
 
     pub(super) fn do_write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
-        let OpenFile::Write(_, w) = &*file else {
-            return Err(Errno::EBADF);
+        let (ino, w) = match &*file {
+            OpenFile::Write(ino, w) => (*ino, w),
+            OpenFile::Staged(_, s) => return self.write_staged(s, offset, data),
+            _ => return Err(Errno::EBADF),
         };
         let mut up = self.rt.block_on(w.upload.lock());
         match self.rt.block_on(up.write(offset, data)) {
@@ -249,8 +287,54 @@ impl<S: ObjectStore> S3Fs<S> {
                 w.writing.touch(up.size());
                 Ok(data.len() as u32)
             }
-            Err(e) => Err(errno(e.errno())),
+            // Out of order before any part was sent: the file goes on staged.
+            Err(WriteError::NotSequential { .. }) if up.is_open() && self.can_stage() => {
+                let s = self.turn_to_staged(fh, ino, w, &mut up)?;
+                drop(up);
+                self.write_staged(&s, offset, data)
+            }
+            Err(e) => {
+                if up.is_open() {
+                    warn!(key = %up.key(), offset, "{e}");
+                    self.rt.block_on(up.cancel(e.clone()));
+                }
+                Err(errno(e.errno()))
+            }
         }
+    }
+
+    /// A streaming handle that has sent nothing yet goes on as a staged file, with the bytes
+    /// it holds: handle `fh` is now a handle of the staged file.
+    fn turn_to_staged(
+        &self,
+        fh: u64,
+        ino: u64,
+        w: &WriteFile<S>,
+        up: &mut Upload<S>,
+    ) -> FsResult<Arc<staged::Staged<S>>> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let Some((bytes, cond, meta, key)) = up.take_unsent() else {
+            return Err(Errno::EINVAL);
+        };
+        {
+            let mut map = self.lock_writing();
+            if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, &w.writing)) {
+                map.remove(&ino);
+            }
+        }
+        let s = self.stage(&inode, None, cond, meta)?;
+        if key != inode.key {
+            s.file.moved(&key, None, Condition::None);
+        }
+        self.write_staged(&s, 0, &bytes)?;
+        let (new_fh, _) = self.open_staged(ino, s.clone(), OpenFlags(libc::O_WRONLY))?;
+        // The kernel keeps using `fh`: it now names the staged handle.
+        let mut files = self.lock_files();
+        if let Some(h) = files.remove(&new_fh) {
+            files.insert(fh, h);
+        }
+        debug!(key = %inode.key, "a file written out of order goes on as a staged file");
+        Ok(s)
     }
 
     /// `close` (flush): the opener's close commits the file; others' closes do nothing.
@@ -258,8 +342,10 @@ impl<S: ObjectStore> S3Fs<S> {
         let Some(file) = self.lock_files().get(&fh).cloned() else {
             return Ok(());
         };
-        let OpenFile::Write(ino, w) = &*file else {
-            return Ok(());
+        let (ino, w) = match &*file {
+            OpenFile::Write(ino, w) => (ino, w),
+            OpenFile::Staged(ino, s) if s.file.is_dirty() => return self.commit_staged(*ino, s),
+            _ => return Ok(()),
         };
         if w.opener.is_some() && w.opener != tgid_of(pid) {
             debug!(
@@ -284,6 +370,7 @@ impl<S: ObjectStore> S3Fs<S> {
         };
         match &*file {
             OpenFile::Write(ino, w) => self.commit(*ino, w),
+            OpenFile::Staged(ino, s) => self.commit_staged(*ino, s),
             OpenFile::Read(..) | OpenFile::Disk(..) => Ok(()),
         }
     }
@@ -364,8 +451,9 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(false)
     }
 
-    /// `truncate`/`ftruncate` of a file being written: only to its current size (e.g. 0 right
-    /// after `open`); anything else cannot be expressed as a sequential write.
+    /// `truncate`/`ftruncate` of a file being written: to its current size (e.g. 0 right
+    /// after `open`) nothing changes; to another, a file that has sent nothing yet goes on
+    /// staged; one that has sent parts cannot be changed so.
     pub(super) fn truncate_writing(&self, ino: u64, size: u64) -> FsResult<()> {
         let Some(w) = self.writing(ino) else {
             return Err(Errno::EOPNOTSUPP);
@@ -373,6 +461,24 @@ impl<S: ObjectStore> S3Fs<S> {
         let now = w.stat().size;
         if size == now {
             return Ok(());
+        }
+        if self.can_stage() {
+            let handle = self
+                .lock_files()
+                .iter()
+                .find(|(_, f)| matches!(&***f, OpenFile::Write(i, _) if *i == ino))
+                .map(|(fh, f)| (*fh, f.clone()));
+            if let Some((fh, file)) = handle {
+                if let OpenFile::Write(_, wf) = &*file {
+                    let mut up = self.rt.block_on(wf.upload.lock());
+                    if up.is_open() {
+                        if let Ok(s) = self.turn_to_staged(fh, ino, wf, &mut up) {
+                            drop(up);
+                            return self.setattr_staged(&s, Some(size), &FileMeta::default());
+                        }
+                    }
+                }
+            }
         }
         warn!(
             ino,

@@ -165,6 +165,8 @@ pub enum WriteError {
     Memory(String),
     /// The mount shut down while the file was still open for writing.
     Shutdown(String),
+    /// The handle went on as a staged file (it was written out of order or truncated).
+    Staged,
 }
 
 impl WriteError {
@@ -184,6 +186,7 @@ impl WriteError {
             WriteError::Committed => libc::EOPNOTSUPP,
             WriteError::Memory(_) => libc::ENOMEM,
             WriteError::Shutdown(_) => libc::EIO,
+            WriteError::Staged => libc::EBADF,
         }
     }
 }
@@ -199,6 +202,7 @@ impl std::fmt::Display for WriteError {
             WriteError::Committed => write!(f, "the file was completed by fsync; S3 objects cannot be appended to, so write it again with O_TRUNC"),
             WriteError::Memory(e) => write!(f, "no memory for a write buffer: {e}"),
             WriteError::Shutdown(why) => write!(f, "{why}; the upload was aborted and nothing was stored (close files before unmounting, or allow more time with --shutdown-grace)"),
+            WriteError::Staged => write!(f, "the file went on as a staged file"),
         }
     }
 }
@@ -279,12 +283,22 @@ impl<S: ObjectStore> Upload<S> {
             }
             State::Failed(e) => return Err(e.clone()),
         }
+        let mut data = data;
         if offset != self.size {
-            let e = WriteError::NotSequential {
-                expected: self.size,
-                got: offset,
-            };
-            return Err(self.fail(e).await);
+            match self.patch(offset, data) {
+                Some(rest) => data = rest,
+                None => {
+                    let e = WriteError::NotSequential {
+                        expected: self.size,
+                        got: offset,
+                    };
+                    // Nothing sent yet: the caller may go on with a staged file instead.
+                    if self.upload_id.is_none() {
+                        return Err(e);
+                    }
+                    return Err(self.fail(e).await);
+                }
+            }
         }
         if let Err(e) = self.reap().await {
             return Err(self.fail(e).await);
@@ -324,6 +338,52 @@ impl<S: ObjectStore> Upload<S> {
             rest = &rest[n..];
         }
         Ok(())
+    }
+
+    /// A write that is not at the end but lands in the part still being filled (a seek back
+    /// to fill in a header, or a short hole): done in place. Returns what is left to append at
+    /// the end, or `None` if the write reaches bytes already sent (or past the part).
+    fn patch<'d>(&mut self, offset: u64, data: &'d [u8]) -> Option<&'d [u8]> {
+        let fill = self.fill;
+        let chunk = self.chunk.as_mut()?;
+        let start = self.size - fill as u64;
+        if offset < start {
+            return None;
+        }
+        let at = (offset - start) as usize;
+        if offset < self.size {
+            let n = data.len().min(fill - at);
+            chunk.as_mut_slice()[at..at + n].copy_from_slice(&data[..n]);
+            return Some(&data[n..]);
+        }
+        // A hole within the part: zeros, then the write appends.
+        if at >= chunk.capacity() {
+            return None;
+        }
+        chunk.as_mut_slice()[fill..at].fill(0);
+        self.fill = at;
+        self.size = offset;
+        Some(data)
+    }
+
+    /// Hand over a file that has sent nothing yet, to go on as a staged file: its bytes, the
+    /// condition it was to be stored under, its attributes and key. The upload ends here.
+    pub fn take_unsent(&mut self) -> Option<(Vec<u8>, Condition, FileMeta, String)> {
+        if !self.is_open() || self.upload_id.is_some() {
+            return None;
+        }
+        let bytes = match self.chunk.as_mut() {
+            Some(c) => c.as_mut_slice()[..self.fill].to_vec(),
+            None => Vec::new(),
+        };
+        self.chunk = None;
+        self.state = State::Failed(WriteError::Staged);
+        let key = self.target.as_deref().unwrap_or(&self.key).to_string();
+        let cond = match &self.target {
+            Some(_) => Condition::None,
+            None => self.cond.clone(),
+        };
+        Some((bytes, cond, self.meta.clone(), key))
     }
 
     /// Send the current chunk as the next part (starting the multipart upload first).

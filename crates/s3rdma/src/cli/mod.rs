@@ -223,6 +223,18 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
     pub write_buffer_size: Option<u64>,
 
+    /// Where staged files (opened read-write, appended to, edited in place, truncated) keep
+    /// their bytes until stored; files that could not be stored are kept in its conflicts/
+    /// [default: s3rdma-staging-v1 under --cache-dir, else a directory of this mount under
+    /// /var/tmp/s3rdma-staging]
+    #[arg(long, value_name = "DIR", help_heading = "Writing")]
+    pub staging_dir: Option<PathBuf>,
+
+    /// Most bytes staged files may hold at once; a write past it fails with ENOSPC [default:
+    /// half the free space of the staging directory's file system]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
+    pub staging_size: Option<u64>,
+
     /// Do not ask HeadObject for the mode, owner and mtime stored with a file (one request less
     /// per first lookup of a file; stat then shows the mount's defaults and S3's time)
     #[arg(long, help_heading = "Writing")]
@@ -366,6 +378,8 @@ impl Cli {
             "direct_io" => self.direct_io = flag(value)?,
             "open_trusts_metadata" => self.open_trusts_metadata = flag(value)?,
             "cache_dir" => self.cache_dir = Some(PathBuf::from(need(value)?)),
+            "staging_dir" => self.staging_dir = Some(PathBuf::from(need(value)?)),
+            "staging_size" => self.staging_size = Some(with_key(key, parse_size(&need(value)?))?),
             "cache_dir_size" => {
                 self.cache_dir_size = Some(with_key(key, parse_size(&need(value)?))?)
             }
@@ -442,6 +456,24 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
     pub cache_dir_size: Option<u64>,
     pub passthrough: bool,
+    /// Where staged files keep their bytes, and how many (None: the default).
+    pub staging_dir: PathBuf,
+    pub staging_size: Option<u64>,
+}
+
+/// The staging directory of a mount without `--staging-dir` or `--cache-dir`: on local disk
+/// (`/var/tmp` survives reboots, unlike `/tmp` on many systems), one per user, bucket and
+/// mount point, so the next mount of the same bucket at the same place finds what a crashed
+/// one left.
+fn default_staging_dir(source: &str, mountpoint: &std::path::Path) -> PathBuf {
+    let at = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in source.bytes().chain([0]).chain(at.as_os_str().as_encoded_bytes().iter().copied()) {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from("/var/tmp/s3rdma-staging").join(format!("{uid}-{h:016x}"))
 }
 
 /// Physical memory (8 GiB if it cannot be read).
@@ -605,6 +637,21 @@ impl Settings {
                 return Err("cache dir is empty; give a directory on a local disk".into());
             }
         }
+        if cli.staging_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            return Err("staging dir is empty; give a directory on a local disk".into());
+        }
+        if let Some(size) = cli.staging_size {
+            if size < 1 << 20 {
+                return Err(format!(
+                    "staging size {size} is below 1MiB; give more (staged files keep the bytes written to them until stored)"
+                ));
+            }
+        }
+        let staging_dir = match (&cli.staging_dir, &cli.cache_dir) {
+            (Some(d), _) => d.clone(),
+            (None, Some(c)) => c.join("s3rdma-staging-v1"),
+            (None, None) => default_staging_dir(&cli.source, &cli.mountpoint),
+        };
         if let Some(level) = &cli.log_level {
             crate::logging::filter(level)?;
         }
@@ -690,6 +737,8 @@ impl Settings {
             passthrough: !cli.no_passthrough,
             cache_dir: cli.cache_dir,
             cache_dir_size: cli.cache_dir_size,
+            staging_dir,
+            staging_size: cli.staging_size,
         })
     }
 
@@ -921,6 +970,8 @@ mod tests {
             ("cache_dir", "", "cache dir"),
             ("cache_dir_size", "1MiB", "cache dir size"),
             ("cache_dir_size", "lots", "cache dir size"),
+            ("staging_dir", "", "staging dir"),
+            ("staging_size", "1KiB", "staging size"),
         ];
         // Options whose values are checked when the daemon starts, not here: named files and
         // the AWS profile (tests/integration/startup.rs covers them).

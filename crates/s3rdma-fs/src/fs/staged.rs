@@ -1,0 +1,321 @@
+//! Staged files in the file system: which opens stage a file, and how the kernel's requests on
+//! a staged inode (read, write, truncate, attributes, rename, unlink, fsync, close) reach its
+//! one shared [`StagedFile`]. The logic of staging itself is in `crate::stage`.
+//!
+//! A write handle is staged when the streaming path cannot serve it: `O_RDWR`, `O_APPEND`, or
+//! a write open without `O_TRUNC` of a non-empty object; and a streaming handle turns into a
+//! staged one when it is truncated to another size or written out of order before any part
+//! was sent (a write into the part still being filled is served in place). Every handle of a
+//! staged inode, readers included, shares its state, so processes of this host see each
+//! other's bytes as on a local file system. Handles are opened without `FOPEN_DIRECT_IO`: the
+//! kernel's page cache (consistent for this host) serves reads and writable shared `mmap`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use fuser::{Errno, FopenFlags, INodeNo, OpenAccMode, OpenFlags};
+use tracing::{debug, warn};
+
+use super::inode::{Inode, Stat};
+use super::{errno, FsResult, OpenFile, S3Fs};
+use crate::stage::{StageError, StagedFile};
+use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore};
+
+/// A staged inode: its file, and how many handles have it open.
+pub struct Staged<S: ObjectStore> {
+    pub(super) file: StagedFile<S>,
+    handles: AtomicUsize,
+    /// Removed from the namespace while open.
+    unlinked: AtomicBool,
+}
+
+impl<S: ObjectStore> Staged<S> {
+    /// Its name was taken by a rename over it: nothing is stored any more.
+    pub(super) fn replaced(&self) {
+        self.file.unlink();
+        self.unlinked.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn stat(&self) -> Stat {
+        let s = self.file.stat();
+        Stat {
+            size: s.size,
+            mtime: s.mtime,
+            etag: String::new(),
+            meta: Some(s.meta),
+        }
+    }
+}
+
+fn stage_errno(e: &StageError) -> Errno {
+    errno(e.errno())
+}
+
+/// Whether a write open must be staged (the streaming path writes only new contents front to
+/// back): read-write, append, or keeping a non-empty object's bytes.
+pub(super) fn wants_staging(flags: OpenFlags, existing_size: u64) -> bool {
+    flags.acc_mode() == OpenAccMode::O_RDWR
+        || flags.0 & libc::O_APPEND != 0
+        || (flags.0 & libc::O_TRUNC == 0 && existing_size > 0)
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    pub(super) fn staged(&self, ino: u64) -> Option<Arc<Staged<S>>> {
+        self.lock_staged()
+            .get(&ino)
+            .filter(|s| !s.unlinked.load(Ordering::Relaxed))
+            .cloned()
+    }
+
+    pub(super) fn lock_staged(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Staged<S>>>> {
+        self.writes.staged.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this mount can stage files (it can write, and has a staging area).
+    pub(super) fn can_stage(&self) -> bool {
+        self.writes.stage.is_some() && self.writes.uploader.is_some()
+    }
+
+    /// The staged state of `inode`: the existing one, or a new one starting from `base` (the
+    /// object as opened; `None` for a new file) stored under `cond`.
+    pub(super) fn stage(
+        &self,
+        inode: &Inode,
+        base: Option<&ObjectInfo>,
+        cond: Condition,
+        meta: FileMeta,
+    ) -> FsResult<Arc<Staged<S>>> {
+        let (Some(area), Some(up)) = (&self.writes.stage, &self.writes.uploader) else {
+            return Err(Errno::EROFS);
+        };
+        if self.writes.closing.load(Ordering::SeqCst) {
+            warn!(key = %inode.key, "the mount is shutting down: no new files can be written");
+            return Err(Errno::EROFS);
+        }
+        let mut map = self.lock_staged();
+        if let Some(s) = map.get(&inode.ino).filter(|s| !s.unlinked.load(Ordering::Relaxed)) {
+            return Ok(s.clone());
+        }
+        let file = StagedFile::new(area.clone(), up.clone(), &inode.key, base, cond, meta)
+            .map_err(|e| {
+                warn!(key = %inode.key, error = %e, "cannot stage the file");
+                stage_errno(&e)
+            })?;
+        let staged = Arc::new(Staged {
+            file,
+            handles: AtomicUsize::new(0),
+            unlinked: AtomicBool::new(false),
+        });
+        map.insert(inode.ino, staged.clone());
+        drop(map);
+        // The kernel may hold pages of another version: the staged bytes rule from now on.
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(INodeNo(inode.ino), 0, 0) {
+                debug!(ino = inode.ino, error = %e, "inval_inode failed");
+            }
+        }
+        debug!(key = %inode.key, base = ?base.map(|b| &b.etag), "staged");
+        Ok(staged)
+    }
+
+    /// A new handle on a staged inode (`O_TRUNC` empties it).
+    pub(super) fn open_staged(
+        &self,
+        ino: u64,
+        staged: Arc<Staged<S>>,
+        flags: OpenFlags,
+    ) -> FsResult<(u64, FopenFlags)> {
+        let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        if flags.0 & libc::O_TRUNC != 0 && writes {
+            staged.file.truncate(0).map_err(|e| stage_errno(&e))?;
+        }
+        let first = staged.handles.fetch_add(1, Ordering::SeqCst) == 0;
+        let fh = self.handles.next_fh();
+        self.lock_files()
+            .insert(fh, Arc::new(OpenFile::Staged(ino, staged)));
+        let fl = if first {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        };
+        Ok((fh, fl))
+    }
+
+    /// `open` for writing of an existing file that must be staged; `current`: the object now.
+    pub(super) fn open_staged_existing(
+        &self,
+        inode: &Arc<Inode>,
+        current: Option<Stat>,
+        flags: OpenFlags,
+        meta: FileMeta,
+    ) -> FsResult<(u64, FopenFlags)> {
+        let base = current.as_ref().map(|s| ObjectInfo {
+            key: inode.key.clone(),
+            size: s.size,
+            etag: s.etag.clone(),
+            last_modified: s.mtime,
+            meta: s.meta.clone(),
+        });
+        let cond = match &base {
+            None => Condition::IfNoneMatch,
+            Some(b) if b.etag.is_empty() => Condition::None,
+            Some(b) => Condition::IfMatch(b.etag.clone()),
+        };
+        let staged = self.stage(inode, base.as_ref(), cond, meta)?;
+        self.open_staged(inode.ino, staged, flags)
+    }
+
+    pub(super) fn read_staged(&self, s: &Staged<S>, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        s.file.read(offset, size).map_err(|e| self.stage_failed("read", &s.file, &e))
+    }
+
+    pub(super) fn write_staged(&self, s: &Staged<S>, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let _ns = self.ns_change();
+        s.file
+            .write(offset, data)
+            .map_err(|e| self.stage_failed("write", &s.file, &e))?;
+        Ok(data.len() as u32)
+    }
+
+    /// Store a staged file's changes (fsync, close): errors go to the caller.
+    pub(super) fn commit_staged(&self, ino: u64, s: &Staged<S>) -> FsResult<()> {
+        let _ns = self.ns_change();
+        match s.file.commit() {
+            Ok(Some(info)) => {
+                if let Some(inode) = self.inodes.get(ino) {
+                    let now = Instant::now();
+                    inode.set_stat_asked(Stat::from(&info), self.ttl_from(now), now);
+                    // The kernel's pages are this version's.
+                    inode.swap_opened_etag(&info.etag);
+                }
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                if let Some(inode) = self.inodes.get(ino) {
+                    inode.invalidate();
+                }
+                Err(self.stage_failed("commit", &s.file, &e))
+            }
+        }
+    }
+
+    /// The last handle of a staged inode is gone: store what is left, then drop the state.
+    pub(super) fn release_staged(&self, ino: u64, s: &Arc<Staged<S>>) {
+        if s.handles.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
+        }
+        let why = match self.commit_staged(ino, s) {
+            Ok(()) => None,
+            Err(e) => {
+                warn!(ino, errno = ?e, "a staged file stored at its last release failed; no process was left to report it to");
+                Some(format!("storing it at its last close failed ({e:?})"))
+            }
+        };
+        let mut map = self.lock_staged();
+        if map.get(&ino).is_some_and(|m| Arc::ptr_eq(m, s)) {
+            map.remove(&ino);
+        }
+        drop(map);
+        s.file.finish(why.as_deref());
+    }
+
+    /// `truncate`, `chmod`, `chown`, `utimes` of a staged file: its staged state changes.
+    pub(super) fn setattr_staged(
+        &self,
+        s: &Staged<S>,
+        size: Option<u64>,
+        change: &FileMeta,
+    ) -> FsResult<()> {
+        if let Some(n) = size {
+            s.file
+                .truncate(n)
+                .map_err(|e| self.stage_failed("truncate", &s.file, &e))?;
+        }
+        if !change.is_empty() {
+            s.file.set_meta(change);
+        }
+        Ok(())
+    }
+
+    /// `unlink` of a staged file: nothing is stored any more; its base version (if any) is
+    /// deleted on the server as for any file.
+    pub(super) fn unlink_staged(&self, s: &Staged<S>) -> FsResult<()> {
+        if let Some((key, _)) = s.file.base() {
+            self.rt
+                .block_on(self.s3.delete_object(&key))
+                .map_err(|e| self.fail("unlink", &e))?;
+        }
+        s.file.unlink();
+        s.unlinked.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A rename of a staged file to `dst_key` (`replacing`: a file is there): its base version
+    /// moves on the server (a copy conditional on its ETag, then a delete); the next commit
+    /// goes to the new key.
+    pub(super) fn rename_staged(
+        &self,
+        s: &Staged<S>,
+        dst_key: &str,
+        replacing: bool,
+    ) -> FsResult<()> {
+        match s.file.base() {
+            Some((key, etag)) => {
+                let info = self
+                    .rt
+                    .block_on(self.s3.head(&key))
+                    .map_err(|e| self.fail("rename", &e))?;
+                if info.etag != etag {
+                    warn!(key, "the object changed on the server since it was opened; the rename is refused (ESTALE)");
+                    return Err(Errno::ESTALE);
+                }
+                let meta = info.meta.clone().unwrap_or_default();
+                let new = self
+                    .rt
+                    .block_on(self.s3.copy_object(
+                        &info,
+                        dst_key,
+                        &meta,
+                        self.cfg.multipart_copy_threshold,
+                    ))
+                    .map_err(|e| self.fail("rename", &e))?;
+                if let Err(e) = self.rt.block_on(self.s3.delete_object(&key)) {
+                    warn!(key, to = dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
+                }
+                s.file.moved(
+                    dst_key,
+                    Some((dst_key.to_string(), new.clone())),
+                    Condition::IfMatch(new),
+                );
+            }
+            None => {
+                let cond = if replacing {
+                    Condition::None
+                } else {
+                    Condition::IfNoneMatch
+                };
+                s.file.moved(dst_key, None, cond);
+            }
+        }
+        Ok(())
+    }
+
+    /// Log a failed operation on a staged file; its errno.
+    fn stage_failed(&self, op: &str, f: &StagedFile<S>, e: &StageError) -> Errno {
+        match e {
+            StageError::S3(s3) => self.fail(op, s3),
+            StageError::Conflict { .. } => {
+                self.failures.count(e.errno());
+                stage_errno(e)
+            }
+            _ => {
+                warn!(op, key = %f.key(), error = %e, "staged file operation failed");
+                stage_errno(e)
+            }
+        }
+    }
+}
