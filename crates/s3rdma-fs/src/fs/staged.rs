@@ -208,7 +208,12 @@ impl<S: ObjectStore> S3Fs<S> {
         if s.handles.fetch_sub(1, Ordering::SeqCst) != 1 {
             return;
         }
-        let why = match self.commit_staged(ino, s) {
+        let result = if s.file.is_dirty() {
+            self.commit_staged(ino, s)
+        } else {
+            Ok(())
+        };
+        let why = match result {
             Ok(()) => None,
             Err(e) => {
                 warn!(ino, errno = ?e, "a staged file stored at its last release failed; no process was left to report it to");
@@ -221,6 +226,25 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         drop(map);
         s.file.finish(why.as_deref());
+    }
+
+    /// `truncate` of a stored file no handle has open, to `n` bytes: staged just for this,
+    /// stored at once (conditional on the version `info`), the staged state dropped.
+    pub(super) fn truncate_stored(
+        &self,
+        inode: &Inode,
+        info: &ObjectInfo,
+        n: u64,
+        change: &FileMeta,
+    ) -> FsResult<()> {
+        let meta = info.meta.clone().unwrap_or_default();
+        let s = self.stage(inode, Some(info), Condition::IfMatch(info.etag.clone()), meta)?;
+        s.handles.fetch_add(1, Ordering::SeqCst);
+        let r = self
+            .setattr_staged(&s, Some(n), change)
+            .and_then(|()| self.commit_staged(inode.ino, &s));
+        self.release_staged(inode.ino, &s);
+        r
     }
 
     /// `truncate`, `chmod`, `chown`, `utimes` of a staged file: its staged state changes.

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::inode::{Inode, Kind, Stat};
 use super::{errno, names, staged, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
 use crate::upload::{Upload, WriteError};
-use s3rdma_client::{Condition, FileMeta, ObjectStore, S3ErrorKind};
+use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, S3ErrorKind};
 
 /// How long an operation on a file being stored waits for the store to end.
 const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -293,6 +293,13 @@ impl<S: ObjectStore> S3Fs<S> {
                 drop(up);
                 self.write_staged(&s, offset, data)
             }
+            // Written on after fsync stored it: the file goes on staged from what was stored.
+            Err(WriteError::Committed) if self.can_stage() => {
+                let info = up.committed().cloned().ok_or(Errno::EBADF)?;
+                drop(up);
+                let s = self.continue_staged(fh, ino, &info)?;
+                self.write_staged(&s, offset, data)
+            }
             Err(e) => {
                 if up.is_open() {
                     warn!(key = %up.key(), offset, "{e}");
@@ -301,6 +308,32 @@ impl<S: ObjectStore> S3Fs<S> {
                 Err(errno(e.errno()))
             }
         }
+    }
+
+    /// A streaming handle whose file `fsync` stored as `info` goes on as a staged file based
+    /// on that version: handle `fh` is now a handle of the staged file.
+    fn continue_staged(
+        &self,
+        fh: u64,
+        ino: u64,
+        info: &ObjectInfo,
+    ) -> FsResult<Arc<staged::Staged<S>>> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let meta = info.meta.clone().unwrap_or_default();
+        let s = self.stage(&inode, Some(info), Condition::IfMatch(info.etag.clone()), meta)?;
+        self.adopt_handle(fh, ino, &s)?;
+        debug!(key = %inode.key, "a file written on after fsync goes on as a staged file");
+        Ok(s)
+    }
+
+    /// Handle `fh` (of a streaming write) becomes a handle of staged file `s`.
+    fn adopt_handle(&self, fh: u64, ino: u64, s: &Arc<staged::Staged<S>>) -> FsResult<()> {
+        let (new_fh, _) = self.open_staged(ino, s.clone(), OpenFlags(libc::O_WRONLY))?;
+        let mut files = self.lock_files();
+        if let Some(h) = files.remove(&new_fh) {
+            files.insert(fh, h);
+        }
+        Ok(())
     }
 
     /// A streaming handle that has sent nothing yet goes on as a staged file, with the bytes
@@ -327,12 +360,8 @@ impl<S: ObjectStore> S3Fs<S> {
             s.file.moved(&key, None, Condition::None);
         }
         self.write_staged(&s, 0, &bytes)?;
-        let (new_fh, _) = self.open_staged(ino, s.clone(), OpenFlags(libc::O_WRONLY))?;
         // The kernel keeps using `fh`: it now names the staged handle.
-        let mut files = self.lock_files();
-        if let Some(h) = files.remove(&new_fh) {
-            files.insert(fh, h);
-        }
+        self.adopt_handle(fh, ino, &s)?;
         debug!(key = %inode.key, "a file written out of order goes on as a staged file");
         Ok(s)
     }
@@ -344,7 +373,7 @@ impl<S: ObjectStore> S3Fs<S> {
         };
         let (ino, w) = match &*file {
             OpenFile::Write(ino, w) => (ino, w),
-            OpenFile::Staged(ino, s) if s.file.is_dirty() => return self.commit_staged(*ino, s),
+            OpenFile::Staged(ino, s) => return self.commit_staged(*ino, s),
             _ => return Ok(()),
         };
         if w.opener.is_some() && w.opener != tgid_of(pid) {

@@ -280,15 +280,13 @@ impl<S: ObjectStore> StagedFile<S> {
             .map(|m| m.end - m.start)
             .sum();
         if !self.area.charge(new) {
-            warn!(key = %i.key, limit = self.area.limit(), "{}", StageError::Full);
-            return Err(StageError::Full);
+            return Err(self.give_up_full(&mut i));
         }
         if let Err(e) = i.file.write_all_at(data, offset) {
             self.area.uncharge(new);
             if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
                 self.area.stats.full.fetch_add(1, Ordering::Relaxed);
-                warn!(key = %i.key, "the staging directory's disk is full");
-                return Err(StageError::Full);
+                return Err(self.give_up_full(&mut i));
             }
             return Err(io_error(e));
         }
@@ -298,6 +296,18 @@ impl<S: ObjectStore> StagedFile<S> {
         i.size = i.size.max(end);
         i.mtime = SystemTime::now();
         Ok(())
+    }
+
+    /// A write found the staging area full: the file can no longer be stored whole, so it is
+    /// not stored at all. What it holds goes to conflicts/; every later operation (its close
+    /// included) fails with ENOSPC.
+    fn give_up_full(&self, i: &mut Inner) -> StageError {
+        let charged = std::mem::take(&mut i.charged);
+        let label = i.label(self.up.s3.bucket());
+        let path = self.area.keep(i.id, charged, &label, "the staging area was full: the file is incomplete and was not stored");
+        error!(key = %i.key, limit = self.area.limit(), path = %path.display(), "the staging area is full: the file was NOT stored (nothing partial is); what was written is kept at this path; raise --staging-size or give a --staging-dir with more room");
+        i.life = Life::Failed(libc::ENOSPC);
+        StageError::Full
     }
 
     /// `truncate` to `n` bytes (longer: zeros).
@@ -692,6 +702,7 @@ fn errno_error(e: i32) -> StageError {
     match e {
         libc::EEXIST => StageError::Conflict { exists: true },
         libc::ESTALE => StageError::Conflict { exists: false },
+        libc::ENOSPC => StageError::Full,
         _ => StageError::Io(format!("the staged file is closed (errno {e})")),
     }
 }

@@ -256,6 +256,14 @@ impl<S: ObjectStore> Upload<S> {
         }
     }
 
+    /// What the file's commit stored, once it has.
+    pub fn committed(&self) -> Option<&ObjectInfo> {
+        match &self.state {
+            State::Committed(info) => Some(info),
+            _ => None,
+        }
+    }
+
     pub fn is_open(&self) -> bool {
         matches!(self.state, State::Open)
     }

@@ -413,6 +413,15 @@ impl Mount {
             } else {
                 &["--shutdown-grace", "5s"][..]
             })
+            // Staged files in the test's own directory unless the test picks one.
+            .args(if extra.contains(&"--staging-dir") {
+                vec![]
+            } else {
+                vec![
+                    "--staging-dir".into(),
+                    path.with_extension("staging").into_os_string(),
+                ]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -353,13 +353,12 @@ fn a_daemon_logs_to_the_journal_stream_with_priorities() {
         std::fs::read_to_string(&err).unwrap_or_default()
     );
     assert!(is_mounted(&path));
-    // A refused operation: appending to an existing object.
-    std::fs::write(path.join("x"), b"1").unwrap();
-    let e = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path.join("x"))
-        .expect_err("append to an object");
-    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    // A refused operation: removing a file while it is being written.
+    let mut w = std::fs::File::create(path.join("x")).unwrap();
+    std::io::Write::write_all(&mut w, b"1").unwrap();
+    let e = std::fs::remove_file(path.join("x")).expect_err("unlink while written");
+    assert_eq!(e.raw_os_error(), Some(libc::EBUSY));
+    drop(w);
     let st = Command::new("umount").arg(&path).status().unwrap();
     assert!(st.success());
     wait_until(Duration::from_secs(20), "the daemon's last line", || {
@@ -375,8 +374,8 @@ fn a_daemon_logs_to_the_journal_stream_with_priorities() {
     assert!(mounted.starts_with("<6>"), "{mounted}");
     let refused = text
         .lines()
-        .find(|l| l.contains("open it with O_TRUNC"))
-        .unwrap_or_else(|| panic!("no line for the refused append:\n{text}"));
+        .find(|l| l.contains("cannot remove a file while it is being written"))
+        .unwrap_or_else(|| panic!("no line for the refused unlink:\n{text}"));
     assert!(
         refused.starts_with("<4>") && refused.contains("key=x"),
         "{refused}"

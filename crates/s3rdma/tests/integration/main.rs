@@ -13,6 +13,7 @@ mod read;
 mod security;
 mod semantics;
 mod soak;
+mod staged;
 mod startup;
 mod system;
 mod tree;

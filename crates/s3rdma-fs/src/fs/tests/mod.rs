@@ -182,11 +182,12 @@ impl Fx {
             }
             Err(e) if e == Errno::ENOENT => {
                 let (parent, name) = self.parent_of(path)?;
-                let (_, fh) = self.fs.do_create(
+                let (_, fh, _) = self.fs.do_create(
                     parent,
                     OsStr::new(name),
                     (Self::pid(), 1000, 1000),
                     0o644,
+                    OpenFlags(libc::O_WRONLY | libc::O_CREAT),
                 )?;
                 Ok(fh)
             }
