@@ -184,13 +184,9 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             mode & !umask,
             OpenFlags(flags),
         ) {
-            Ok((attr, fh, fl)) => reply.created(
-                &self.entry_ttl(),
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                fl,
-            ),
+            Ok((attr, fh, fl)) => {
+                reply.created(&self.entry_ttl(), &attr, Generation(0), FileHandle(fh), fl)
+            }
             Err(e) => reply.error(e),
         }
     }

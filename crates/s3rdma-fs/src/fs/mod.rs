@@ -702,7 +702,9 @@ impl<S: ObjectStore> S3Fs<S> {
         let reader = match &*file {
             OpenFile::Read(_, reader) => reader,
             OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
-            OpenFile::Staged(_, s) => return self.read_staged(s, offset, size).map(ReadData::Owned),
+            OpenFile::Staged(_, s) => {
+                return self.read_staged(s, offset, size).map(ReadData::Owned)
+            }
             OpenFile::Write(..) => {
                 warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
                 return Err(Errno::EOPNOTSUPP);

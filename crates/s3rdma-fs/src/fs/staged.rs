@@ -96,7 +96,10 @@ impl<S: ObjectStore> S3Fs<S> {
             return Err(Errno::EROFS);
         }
         let mut map = self.lock_staged();
-        if let Some(s) = map.get(&inode.ino).filter(|s| !s.unlinked.load(Ordering::Relaxed)) {
+        if let Some(s) = map
+            .get(&inode.ino)
+            .filter(|s| !s.unlinked.load(Ordering::Relaxed))
+        {
             return Ok(s.clone());
         }
         let file = StagedFile::new(area.clone(), up.clone(), &inode.key, base, cond, meta)
@@ -169,7 +172,9 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn read_staged(&self, s: &Staged<S>, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        s.file.read(offset, size).map_err(|e| self.stage_failed("read", &s.file, &e))
+        s.file
+            .read(offset, size)
+            .map_err(|e| self.stage_failed("read", &s.file, &e))
     }
 
     pub(super) fn write_staged(&self, s: &Staged<S>, offset: u64, data: &[u8]) -> FsResult<u32> {
@@ -238,7 +243,12 @@ impl<S: ObjectStore> S3Fs<S> {
         change: &FileMeta,
     ) -> FsResult<()> {
         let meta = info.meta.clone().unwrap_or_default();
-        let s = self.stage(inode, Some(info), Condition::IfMatch(info.etag.clone()), meta)?;
+        let s = self.stage(
+            inode,
+            Some(info),
+            Condition::IfMatch(info.etag.clone()),
+            meta,
+        )?;
         s.handles.fetch_add(1, Ordering::SeqCst);
         let r = self
             .setattr_staged(&s, Some(n), change)

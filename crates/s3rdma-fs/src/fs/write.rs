@@ -107,7 +107,12 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Inodes of files being written or staged in this mount.
     pub(super) fn local_files(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self.lock_writing().keys().copied().collect();
-        v.extend(self.lock_staged().keys().copied().filter(|i| self.staged(*i).is_some()));
+        v.extend(
+            self.lock_staged()
+                .keys()
+                .copied()
+                .filter(|i| self.staged(*i).is_some()),
+        );
         v
     }
 
@@ -320,7 +325,12 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<Arc<staged::Staged<S>>> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         let meta = info.meta.clone().unwrap_or_default();
-        let s = self.stage(&inode, Some(info), Condition::IfMatch(info.etag.clone()), meta)?;
+        let s = self.stage(
+            &inode,
+            Some(info),
+            Condition::IfMatch(info.etag.clone()),
+            meta,
+        )?;
         self.adopt_handle(fh, ino, &s)?;
         debug!(key = %inode.key, "a file written on after fsync goes on as a staged file");
         Ok(s)

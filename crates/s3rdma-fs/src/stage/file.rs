@@ -304,7 +304,12 @@ impl<S: ObjectStore> StagedFile<S> {
     fn give_up_full(&self, i: &mut Inner) -> StageError {
         let charged = std::mem::take(&mut i.charged);
         let label = i.label(self.up.s3.bucket());
-        let path = self.area.keep(i.id, charged, &label, "the staging area was full: the file is incomplete and was not stored");
+        let path = self.area.keep(
+            i.id,
+            charged,
+            &label,
+            "the staging area was full: the file is incomplete and was not stored",
+        );
         error!(key = %i.key, limit = self.area.limit(), path = %path.display(), "the staging area is full: the file was NOT stored (nothing partial is); what was written is kept at this path; raise --staging-size or give a --staging-dir with more room");
         i.life = Life::Failed(libc::ENOSPC);
         StageError::Full

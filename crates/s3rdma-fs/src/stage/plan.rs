@@ -64,6 +64,7 @@ pub fn unit_for(size: u64, block: u64, max_blocks: u64) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
 

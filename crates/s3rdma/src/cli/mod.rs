@@ -468,7 +468,11 @@ pub struct Settings {
 fn default_staging_dir(source: &str, mountpoint: &std::path::Path) -> PathBuf {
     let at = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in source.bytes().chain([0]).chain(at.as_os_str().as_encoded_bytes().iter().copied()) {
+    for b in source
+        .bytes()
+        .chain([0])
+        .chain(at.as_os_str().as_encoded_bytes().iter().copied())
+    {
         h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
     }
     // SAFETY: getuid has no preconditions and cannot fail.
@@ -637,7 +641,11 @@ impl Settings {
                 return Err("cache dir is empty; give a directory on a local disk".into());
             }
         }
-        if cli.staging_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+        if cli
+            .staging_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
             return Err("staging dir is empty; give a directory on a local disk".into());
         }
         if let Some(size) = cli.staging_size {

@@ -315,7 +315,9 @@ fn a_write_that_seeks_back_fails_and_stores_nothing() {
     let f = std::fs::File::create(m.join("gap")).unwrap();
     f.write_all_at(&pattern(PART + 10, 2), 0).unwrap();
     assert_eq!(
-        f.write_at(b"x", 3 * PART as u64).unwrap_err().raw_os_error(),
+        f.write_at(b"x", 3 * PART as u64)
+            .unwrap_err()
+            .raw_os_error(),
         Some(libc::EINVAL)
     );
     drop(f);
@@ -327,7 +329,8 @@ fn a_write_that_seeks_back_fails_and_stores_nothing() {
     f.write_all_at(&want[..PART + 100], 0).unwrap();
     f.write_all_at(b"HEADER", PART as u64 + 10).unwrap();
     want[PART + 10..PART + 16].copy_from_slice(b"HEADER");
-    f.write_all_at(&want[PART + 200..], PART as u64 + 200).unwrap();
+    f.write_all_at(&want[PART + 200..], PART as u64 + 200)
+        .unwrap();
     want[PART + 100..PART + 200].fill(0);
     close_file(f).unwrap();
     assert!(backend_get(&b, "hdr").unwrap() == want);
@@ -497,7 +500,10 @@ fn fsync_stores_the_file_and_later_writes_go_on_staged() {
     close_file(f).unwrap();
     let mut want = data.clone();
     want.extend_from_slice(b"more");
-    assert!(backend_get(&b, "f").unwrap() == want, "close stores what followed");
+    assert!(
+        backend_get(&b, "f").unwrap() == want,
+        "close stores what followed"
+    );
 }
 
 // [S-WRITE-SHELL]
