@@ -25,7 +25,7 @@ pub(super) type Store = Faulty<MemStore>;
 
 /// Cache and part blocks: S3's smallest part, so a file of more than 5 MiB is a multipart
 /// upload, as on a real mount with the smallest `--write-part-size`.
-const BLOCK: usize = 5 << 20;
+pub(super) const BLOCK: usize = 5 << 20;
 
 /// A filesystem over an in-memory bucket, with its own runtime.
 pub(super) struct Fx {

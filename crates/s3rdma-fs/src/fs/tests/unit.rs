@@ -9,6 +9,7 @@ use s3rdma_client::testing::{Fault, Op};
 use s3rdma_client::S3ErrorKind;
 
 use super::super::namespace::SetAttr;
+use super::BLOCK;
 use super::{exists, pattern, strict_config, Fx};
 
 // [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-DIRS]
@@ -196,8 +197,15 @@ fn commits_are_conditional_on_what_was_seen_at_open() {
 #[test]
 fn a_seek_back_fails_with_einval_and_stores_nothing() {
     let fx = Fx::new();
-    let fh = fx.create_or_truncate("s").unwrap();
+    // Within the part being filled: done in place.
+    let fh = fx.create_or_truncate("h").unwrap();
     fx.fs.do_write(fh, 0, b"hello").unwrap();
+    fx.fs.do_write(fh, 0, b"H").unwrap();
+    fx.close(fh).unwrap();
+    assert_eq!(fx.store.inner().data("h").unwrap(), b"Hello");
+    // Into a part already sent (this mount cannot stage): refused, nothing stored.
+    let fh = fx.create_or_truncate("s").unwrap();
+    fx.fs.do_write(fh, 0, &vec![7u8; BLOCK + 1]).unwrap();
     assert_eq!(fx.fs.do_write(fh, 0, b"H").unwrap_err(), Errno::EINVAL);
     assert_eq!(fx.close(fh).unwrap_err(), Errno::EINVAL);
     assert!(!exists(&fx.store, "s"));
