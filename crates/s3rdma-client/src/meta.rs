@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The attributes a file may carry; `None` = not stored (the mount's defaults apply).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FileMeta {
-    /// Permission bits (`& 0o7777`).
+    /// Permission bits (`& 0o7777`), plus the file-type bits `S_IFLNK` for a symbolic link
+    /// (stored as s3fs stores one: the object's body is the target).
     pub mode: Option<u32>,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
@@ -28,9 +29,13 @@ impl FileMeta {
                 .map(|(_, v)| v.trim())
         };
         FileMeta {
-            mode: get("mode")
-                .and_then(|v| v.parse::<u32>().ok())
-                .map(|m| m & 0o7777),
+            mode: get("mode").and_then(|v| v.parse::<u32>().ok()).map(|m| {
+                if m & libc::S_IFMT == libc::S_IFLNK {
+                    m & (libc::S_IFMT | 0o7777)
+                } else {
+                    m & 0o7777
+                }
+            }),
             uid: get("uid").and_then(|v| v.parse().ok()),
             gid: get("gid").and_then(|v| v.parse().ok()),
             mtime: get("mtime").and_then(parse_time),
@@ -41,7 +46,11 @@ impl FileMeta {
     pub fn to_map(&self) -> HashMap<String, String> {
         let mut m = HashMap::new();
         if let Some(mode) = self.mode {
-            m.insert("mode".into(), (libc::S_IFREG | (mode & 0o7777)).to_string());
+            let kind = match mode & libc::S_IFMT {
+                0 => libc::S_IFREG,
+                t => t,
+            };
+            m.insert("mode".into(), (kind | (mode & 0o7777)).to_string());
         }
         if let Some(uid) = self.uid {
             m.insert("uid".into(), uid.to_string());
@@ -53,6 +62,21 @@ impl FileMeta {
             m.insert("mtime".into(), format_time(t));
         }
         m
+    }
+
+    /// The attributes of a symbolic link (s3fs's format: `mode` with `S_IFLNK`).
+    pub fn symlink(uid: Option<u32>, gid: Option<u32>) -> FileMeta {
+        FileMeta {
+            mode: Some(libc::S_IFLNK | 0o777),
+            uid,
+            gid,
+            mtime: None,
+        }
+    }
+
+    /// Whether these are the attributes of a symbolic link.
+    pub fn is_symlink(&self) -> bool {
+        self.mode.is_some_and(|m| m & libc::S_IFMT == libc::S_IFLNK)
     }
 
     pub fn is_empty(&self) -> bool {

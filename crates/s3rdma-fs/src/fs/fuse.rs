@@ -22,9 +22,11 @@ use super::{names, Opened, S3Fs, BLOCK_SIZE, STATS_XATTR};
 impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // ATOMIC_O_TRUNC: open(O_TRUNC) arrives as one OPEN with O_TRUNC, not OPEN + SETATTR.
+        // CACHE_SYMLINKS: the kernel keeps a link's target, so following it costs no GET.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_CACHE_SYMLINKS;
         if let Err(missing) = config.add_capabilities(wanted) {
             debug!(?missing, "kernel lacks some FUSE capabilities");
         }
@@ -242,6 +244,44 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         };
         match self.do_setattr(ino.0, set) {
             Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let _s =
+            debug_span!("fuse", op = "symlink", parent = parent.0, name = ?link_name).entered();
+        match self.do_symlink(parent.0, link_name, target, (req.uid(), req.gid())) {
+            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _s = debug_span!("fuse", op = "readlink", ino = ino.0).entered();
+        match self.do_readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self.do_link(ino.0) {
+            Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }

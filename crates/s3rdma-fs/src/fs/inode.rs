@@ -16,6 +16,18 @@ pub const ROOT_INO: u64 = 1;
 pub enum Kind {
     File,
     Dir,
+    /// A symbolic link: an object whose stored mode says so (its body is the target).
+    Symlink,
+}
+
+impl Kind {
+    /// The kind of an object with these stored attributes (not known: a file).
+    pub fn of_object(meta: Option<&FileMeta>) -> Kind {
+        match meta {
+            Some(m) if m.is_symlink() => Kind::Symlink,
+            _ => Kind::File,
+        }
+    }
 }
 
 /// What S3 last told us about a file.

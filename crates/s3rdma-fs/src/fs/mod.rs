@@ -15,6 +15,7 @@ pub mod namespace;
 mod passthrough;
 pub mod probe;
 mod staged;
+mod symlink;
 pub mod write;
 
 #[cfg(test)]
@@ -341,10 +342,11 @@ impl<S: ObjectStore> S3Fs<S> {
         let (kind, perm, nlink) = match inode.kind {
             Kind::File => (FileType::RegularFile, self.cfg.file_mode, 1),
             Kind::Dir => (FileType::Directory, self.cfg.dir_mode, 2),
+            Kind::Symlink => (FileType::Symlink, 0o777, 1),
         };
         let dir_meta = match inode.kind {
             Kind::Dir => self.dir_meta(inode.ino),
-            Kind::File => None,
+            Kind::File | Kind::Symlink => None,
         };
         let meta = dir_meta.as_ref().or(stat.meta.as_ref());
         let mtime = meta.and_then(|m| m.mtime).unwrap_or(stat.mtime);
@@ -359,6 +361,7 @@ impl<S: ObjectStore> S3Fs<S> {
             kind,
             perm: meta
                 .and_then(|m| m.mode)
+                .filter(|_| inode.kind != Kind::Symlink)
                 .map_or(perm, |m| (m & 0o7777) as u16),
             nlink,
             uid: meta.and_then(|m| m.uid).unwrap_or(self.cfg.uid),
@@ -457,9 +460,17 @@ impl<S: ObjectStore> S3Fs<S> {
         // or turned into a directory) is left to the full probe.
         if self.cfg.file_metadata {
             if let Some(child) = self.inodes.child(parent, name) {
-                if child.kind == Kind::File {
+                if child.kind != Kind::Dir {
                     if let Ok(info) = self.rt.block_on(self.s3.head(&child.key)) {
                         let stat = Stat::from(&info);
+                        // A file that turned out to be a symbolic link (or back): a new inode.
+                        let kind = Kind::of_object(stat.meta.as_ref());
+                        let child = if kind == child.kind {
+                            child
+                        } else {
+                            self.inodes
+                                .upsert_child(parent, name, kind, child.key.clone())
+                        };
                         child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
                         return Ok(self.attr(&child, &stat));
                     }
@@ -483,20 +494,26 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         match probe.file {
             Some(info) => {
-                let child = self.inodes.upsert_child(parent, name, Kind::File, key);
-                let mut stat = Stat::from(&info).inherit(child.last_stat().as_ref());
+                let known = self.inodes.child(parent, name);
+                let mut stat =
+                    Stat::from(&info).inherit(known.and_then(|c| c.last_stat()).as_ref());
                 if stat.meta.is_none() && self.cfg.file_metadata {
                     // A listing does not carry the stored attributes: ask for them once per
-                    // version (rsync's quick check needs the mtime it set).
-                    match self.rt.block_on(self.s3.head(&child.key)) {
+                    // version (rsync's quick check needs the mtime it set; a symbolic link
+                    // is known by its mode).
+                    match self.rt.block_on(self.s3.head(&key)) {
                         Ok(head) => stat = Stat::from(&head),
                         Err(e) if e.kind == S3ErrorKind::NotFound => {
-                            child.invalidate();
+                            if let Some(c) = self.inodes.child(parent, name) {
+                                c.invalidate();
+                            }
                             return Err(Errno::ENOENT);
                         }
                         Err(e) => return Err(self.fail("lookup", &e)),
                     }
                 }
+                let kind = Kind::of_object(stat.meta.as_ref());
+                let child = self.inodes.upsert_child(parent, name, kind, key);
                 child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
                 Ok(self.attr(&child, &stat))
             }
@@ -563,7 +580,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 inode.set_stat(stat.clone(), self.ttl_from(now));
                 Ok(self.attr(&inode, &stat))
             }
-            Kind::File => match self.rt.block_on(self.s3.head(&inode.key)) {
+            Kind::File | Kind::Symlink => match self.rt.block_on(self.s3.head(&inode.key)) {
                 Ok(info) => {
                     let stat = Stat::from(&info);
                     inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
@@ -585,8 +602,11 @@ impl<S: ObjectStore> S3Fs<S> {
         reply: Option<&ReplyOpen>,
     ) -> FsResult<Opened> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
-        if inode.kind == Kind::Dir {
-            return Err(Errno::EISDIR);
+        match inode.kind {
+            Kind::Dir => return Err(Errno::EISDIR),
+            // The kernel follows links itself; it never opens one.
+            Kind::Symlink => return Err(Errno::ELOOP),
+            Kind::File => {}
         }
         if let Some(staged) = self.staged(ino) {
             let (fh, fl) = self.open_staged(ino, staged, flags)?;
@@ -765,7 +785,18 @@ impl<S: ObjectStore> S3Fs<S> {
                         continue;
                     }
                     let key = info.key.clone();
-                    let child = self.inodes.upsert_child(inode.ino, name, Kind::File, key);
+                    // A listing does not tell a symbolic link: one known as such (this
+                    // version, from a lookup) stays one.
+                    let kind = match self.inodes.child(inode.ino, name) {
+                        Some(c)
+                            if c.kind == Kind::Symlink
+                                && c.last_stat().is_some_and(|s| s.etag == info.etag) =>
+                        {
+                            Kind::Symlink
+                        }
+                        _ => Kind::File,
+                    };
+                    let child = self.inodes.upsert_child(inode.ino, name, kind, key);
                     let stat = Stat::from(info).inherit(child.last_stat().as_ref());
                     (child, stat)
                 }

@@ -377,7 +377,11 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.cfg.read_only {
             return Err(Errno::EROFS);
         }
-        let change = set.meta();
+        let mut change = set.meta();
+        if inode.kind == Kind::Symlink {
+            // A link has no mode of its own (chmod follows it); its type bits stay stored.
+            change.mode = None;
+        }
         if inode.kind == Kind::Dir {
             if !change.is_empty() {
                 let mut map = self.ns.dir_attrs.lock().unwrap_or_else(|e| e.into_inner());

@@ -312,3 +312,100 @@ fn staged_bytes_survive_a_crash_and_the_next_mount_reports_them_without_uploadin
     drop(m);
     let _ = std::fs::remove_dir_all(&staging);
 }
+
+// [S-NS-SYMLINK]
+#[test]
+fn symbolic_links_are_stored_as_s3fs_stores_them_and_copy_with_cp_and_rsync() {
+    let b = bucket("links");
+    // A link another tool (s3fs) stored.
+    let c = client();
+    rt().block_on(async {
+        c.put_object()
+            .bucket(&b)
+            .key("ext/link")
+            .body(b"../data/f".to_vec().into())
+            .metadata("mode", "41471")
+            .send()
+            .await
+            .expect("PUT link")
+    });
+    let m = Mount::new(&b, &[]);
+    let src = m.path.with_extension("src");
+    let _ = std::fs::remove_dir_all(&src);
+    sh(&format!(
+        "mkdir -p {s}/data && echo hello > {s}/data/f && ln -s data/f {s}/rel && ln -s /nonexistent/x {s}/dangling",
+        s = src.display()
+    ));
+    let mnt = m.path.display().to_string();
+    sh(&format!(
+        "mkdir -p {mnt}/data && echo hello > {mnt}/data/f && ln -s data/f {mnt}/mine"
+    ));
+    assert_eq!(
+        std::fs::read_link(m.join("mine")).unwrap(),
+        std::path::Path::new("data/f")
+    );
+    assert_eq!(
+        std::fs::read(m.join("mine")).unwrap(),
+        b"hello\n",
+        "followed"
+    );
+    let st = std::fs::symlink_metadata(m.join("mine")).unwrap();
+    assert!(st.file_type().is_symlink());
+    assert_eq!(st.len(), 6);
+    assert_eq!(
+        backend_get(&b, "mine").unwrap(),
+        b"data/f",
+        "the body is the target"
+    );
+    let mode = rt().block_on(async {
+        c.head_object()
+            .bucket(&b)
+            .key("mine")
+            .send()
+            .await
+            .expect("HEAD")
+    });
+    assert_eq!(
+        mode.metadata().and_then(|m| m.get("mode")).unwrap(),
+        "41471"
+    );
+    // The s3fs link, looked up before any listing.
+    assert_eq!(
+        std::fs::read_link(m.join("ext/link")).unwrap(),
+        std::path::Path::new("../data/f")
+    );
+    assert_eq!(std::fs::read(m.join("ext/link")).unwrap(), b"hello\n");
+    // cp -a and rsync -a of a tree with links; a second rsync sends nothing.
+    sh(&format!(
+        "cp -a {s} {mnt}/cpa && rsync -a {s}/ {mnt}/rs/",
+        s = src.display()
+    ));
+    for dir in ["cpa", "rs"] {
+        assert_eq!(
+            std::fs::read_link(m.join(&format!("{dir}/rel"))).unwrap(),
+            std::path::Path::new("data/f")
+        );
+        assert_eq!(
+            std::fs::read_link(m.join(&format!("{dir}/dangling"))).unwrap(),
+            std::path::Path::new("/nonexistent/x")
+        );
+        assert_eq!(
+            std::fs::read(m.join(&format!("{dir}/rel"))).unwrap(),
+            b"hello\n"
+        );
+    }
+    let again = sh(&format!("rsync -ai {s}/ {mnt}/rs/", s = src.display()));
+    assert!(again.trim().is_empty(), "rsync sent again: {again}");
+    // rename and unlink of a link; hard links are refused.
+    std::fs::rename(m.join("mine"), m.join("moved")).unwrap();
+    assert_eq!(
+        std::fs::read_link(m.join("moved")).unwrap(),
+        std::path::Path::new("data/f")
+    );
+    assert_eq!(backend_get(&b, "mine"), None);
+    std::fs::remove_file(m.join("moved")).unwrap();
+    assert_eq!(backend_get(&b, "moved"), None);
+    let e = std::fs::hard_link(m.join("data/f"), m.join("hard")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    let _ = std::fs::remove_dir_all(&src);
+}
