@@ -608,7 +608,7 @@ impl<S: ObjectStore> S3Fs<S> {
             Kind::Symlink => return Err(Errno::ELOOP),
             Kind::File => {}
         }
-        if let Some(staged) = self.staged(ino) {
+        if let Some(staged) = self.acquire_staged(ino) {
             let (fh, fl) = self.open_staged(ino, staged, flags)?;
             return Ok(Opened::Plain(fh, fl));
         }
@@ -997,7 +997,10 @@ impl<S: ObjectStore> S3Fs<S> {
                 debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
-            Some(OpenFile::Staged(ino, s)) => self.release_staged(*ino, s),
+            Some(OpenFile::Staged(ino, s)) => {
+                // Its errors are logged (no process is left to report them to).
+                let _ = self.release_staged(*ino, s);
+            }
             None => {}
         }
     }

@@ -210,8 +210,10 @@ impl<S: ObjectStore> S3Fs<S> {
         if child.kind == Kind::Dir {
             return Err(Errno::EISDIR);
         }
-        if let Some(s) = self.staged(child.ino) {
-            self.unlink_staged(&s)?;
+        if let Some(s) = self.acquire_staged(child.ino) {
+            let r = self.unlink_staged(&s);
+            let _ = self.release_staged(child.ino, &s);
+            r?;
             self.forget_file(&child);
             debug!(key = %child.key, "removed while staged");
             return Ok(());
@@ -276,12 +278,18 @@ impl<S: ObjectStore> S3Fs<S> {
                 return Err(Errno::EBUSY);
             }
         }
-        if let Some(s) = self.staged(src.ino) {
-            self.rename_staged(&s, &dst_key, dst.is_some())?;
+        if let Some(s) = self.acquire_staged(src.ino) {
+            let r = self.rename_staged(&s, &dst_key, dst.is_some());
+            if r.is_err() {
+                let _ = self.release_staged(src.ino, &s);
+                return r;
+            }
             if let Some(d) = dst.as_deref().and_then(|d| self.staged(d.ino)) {
                 d.replaced();
             }
             self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
+            // Its last handle gone, it is stored now, under the new name.
+            self.release_staged(src.ino, &s)?;
             debug!(from = %src.key, to = %dst_key, "renamed while staged");
             return Ok(());
         }
@@ -298,20 +306,10 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         // The source as it is now: its ETag makes the copy conditional, its attributes go
         // along.
-        let info = self
-            .rt
-            .block_on(self.s3.head(&src.key))
-            .map_err(|e| self.fail("rename", &e))?;
+        let (info, etag) = self.copy_known(&src, "rename", |info| {
+            (dst_key.clone(), info.meta.clone().unwrap_or_default())
+        })?;
         let meta = info.meta.clone().unwrap_or_default();
-        let etag = self
-            .rt
-            .block_on(self.s3.copy_object(
-                &info,
-                &dst_key,
-                &meta,
-                self.cfg.multipart_copy_threshold,
-            ))
-            .map_err(|e| self.fail("rename", &e))?;
         if let Err(e) = self.rt.block_on(self.s3.delete_object(&src.key)) {
             // The copy exists; the source could not be removed: both names now exist.
             warn!(key = %src.key, to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
@@ -334,6 +332,56 @@ impl<S: ObjectStore> S3Fs<S> {
         );
         debug!(from = %src.key, to = %dst_key, "renamed");
         Ok(())
+    }
+
+    /// A server-side copy of the object `inode` names, to the key and with the attributes
+    /// `target` gives for the source's current state; returns that state and the new ETag.
+    /// The source is what this mount last learnt of it (its own write, or a lookup, within
+    /// the metadata TTL, attributes known) rather than a HeadObject: a copy keeps the
+    /// source's ETag, so a HEAD right after an attribute change may still answer the old
+    /// attributes under the same ETag (SeaweedFS does), and rsync's chmod, utimes and rename in
+    /// a row would store a stale mtime. The copy is conditional on that ETag; if the object
+    /// changed meanwhile, the source is asked for (HeadObject) and the copy tried once more.
+    fn copy_known(
+        &self,
+        inode: &Inode,
+        op: &str,
+        target: impl Fn(&ObjectInfo) -> (String, FileMeta),
+    ) -> FsResult<(ObjectInfo, String)> {
+        let known = inode
+            .recently_asked(Instant::now(), self.cfg.metadata_ttl)
+            .filter(|s| !s.etag.is_empty() && s.meta.is_some())
+            .map(|s| ObjectInfo {
+                key: inode.key.clone(),
+                size: s.size,
+                etag: s.etag,
+                last_modified: s.mtime,
+                meta: s.meta,
+            });
+        let copy = |info: &ObjectInfo| {
+            let (dst, meta) = target(info);
+            self.rt.block_on(self.s3.copy_object(
+                info,
+                &dst,
+                &meta,
+                self.cfg.multipart_copy_threshold,
+            ))
+        };
+        if let Some(info) = known {
+            match copy(&info) {
+                Ok(etag) => return Ok((info, etag)),
+                Err(e) if e.kind == S3ErrorKind::PreconditionFailed => {
+                    debug!(key = %inode.key, "changed since this mount last saw it; asking S3")
+                }
+                Err(e) => return Err(self.fail(op, &e)),
+            }
+        }
+        let info = self
+            .rt
+            .block_on(self.s3.head(&inode.key))
+            .map_err(|e| self.fail(op, &e))?;
+        let etag = copy(&info).map_err(|e| self.fail(op, &e))?;
+        Ok((info, etag))
     }
 
     /// Bookkeeping of a rename: the inode moves to its new name, whatever had that name and
@@ -390,8 +438,12 @@ impl<S: ObjectStore> S3Fs<S> {
             }
             return self.do_getattr(ino);
         }
-        if let Some(s) = self.staged(ino) {
-            self.setattr_staged(&s, set.size, &change)?;
+        // Counted as a handle meanwhile, so that a last release running now cannot drop the
+        // change; if no other handle is left, the change is stored at once.
+        if let Some(s) = self.acquire_staged(ino) {
+            let r = self.setattr_staged(&s, set.size, &change);
+            let stored = self.release_staged(ino, &s);
+            r.and(stored)?;
             return self.do_getattr(ino);
         }
         if let Some(w) = self.writing(ino) {
@@ -409,10 +461,32 @@ impl<S: ObjectStore> S3Fs<S> {
         if set.size.is_none() && change.is_empty() {
             return self.do_getattr(ino);
         }
-        let info = self
-            .rt
-            .block_on(self.s3.head(&inode.key))
-            .map_err(|e| self.fail("setattr", &e))?;
+        let info = match set.size {
+            // Only attributes: a copy onto itself from what this mount knows.
+            None => {
+                let (info, etag) = self.copy_known(&inode, "setattr", |info| {
+                    (
+                        inode.key.clone(),
+                        info.meta.clone().unwrap_or_default().merged(&change),
+                    )
+                })?;
+                let meta = info.meta.clone().unwrap_or_default().merged(&change);
+                let now = Instant::now();
+                let stat = Stat::from(&ObjectInfo {
+                    key: inode.key.clone(),
+                    size: info.size,
+                    etag,
+                    last_modified: SystemTime::now(),
+                    meta: Some(meta),
+                });
+                inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                return Ok(self.attr(&inode, &stat));
+            }
+            Some(_) => self
+                .rt
+                .block_on(self.s3.head(&inode.key))
+                .map_err(|e| self.fail("setattr", &e))?,
+        };
         let meta = info.meta.clone().unwrap_or_default().merged(&change);
         let (etag, size) = match set.size {
             Some(0) => {

@@ -79,8 +79,20 @@ impl<S: ObjectStore> S3Fs<S> {
         self.writes.stage.is_some() && self.writes.uploader.is_some()
     }
 
-    /// The staged state of `inode`: the existing one, or a new one starting from `base` (the
-    /// object as opened; `None` for a new file) stored under `cond`.
+    /// A staged inode's state for a new handle: counted while the map is locked, so that its
+    /// last release (which decides under the same lock) never drops it under the new handle.
+    pub(super) fn acquire_staged(&self, ino: u64) -> Option<Arc<Staged<S>>> {
+        let map = self.lock_staged();
+        let s = map
+            .get(&ino)
+            .filter(|s| !s.unlinked.load(Ordering::Relaxed))?;
+        s.handles.fetch_add(1, Ordering::SeqCst);
+        Some(s.clone())
+    }
+
+    /// The staged state of `inode` for a new handle (counted, as [`Self::acquire_staged`]):
+    /// the existing one, or a new one starting from `base` (the object as opened; `None` for a
+    /// new file) stored under `cond`.
     pub(super) fn stage(
         &self,
         inode: &Inode,
@@ -100,6 +112,7 @@ impl<S: ObjectStore> S3Fs<S> {
             .get(&inode.ino)
             .filter(|s| !s.unlinked.load(Ordering::Relaxed))
         {
+            s.handles.fetch_add(1, Ordering::SeqCst);
             return Ok(s.clone());
         }
         let file = StagedFile::new(area.clone(), up.clone(), &inode.key, base, cond, meta)
@@ -109,7 +122,7 @@ impl<S: ObjectStore> S3Fs<S> {
             })?;
         let staged = Arc::new(Staged {
             file,
-            handles: AtomicUsize::new(0),
+            handles: AtomicUsize::new(1),
             unlinked: AtomicBool::new(false),
         });
         map.insert(inode.ino, staged.clone());
@@ -124,7 +137,8 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(staged)
     }
 
-    /// A new handle on a staged inode (`O_TRUNC` empties it).
+    /// A new handle on a staged inode (already counted by `stage` or `acquire_staged`;
+    /// `O_TRUNC` empties it).
     pub(super) fn open_staged(
         &self,
         ino: u64,
@@ -135,7 +149,8 @@ impl<S: ObjectStore> S3Fs<S> {
         if flags.0 & libc::O_TRUNC != 0 && writes {
             staged.file.truncate(0).map_err(|e| stage_errno(&e))?;
         }
-        let first = staged.handles.fetch_add(1, Ordering::SeqCst) == 0;
+        let first = staged.handles.load(Ordering::SeqCst) == 1;
+        debug!(ino, flags = flags.0, first, "staged handle opened");
         let fh = self.handles.next_fh();
         self.lock_files()
             .insert(fh, Arc::new(OpenFile::Staged(ino, staged)));
@@ -208,17 +223,20 @@ impl<S: ObjectStore> S3Fs<S> {
         }
     }
 
-    /// The last handle of a staged inode is gone: store what is left, then drop the state.
-    pub(super) fn release_staged(&self, ino: u64, s: &Arc<Staged<S>>) {
-        if s.handles.fetch_sub(1, Ordering::SeqCst) != 1 {
-            return;
+    /// A handle of a staged inode is gone; after the last, what is left is stored (its error
+    /// returned) and the state dropped.
+    pub(super) fn release_staged(&self, ino: u64, s: &Arc<Staged<S>>) -> FsResult<()> {
+        let left = s.handles.fetch_sub(1, Ordering::SeqCst) - 1;
+        debug!(ino, handles = left, "staged handle released");
+        if left != 0 {
+            return Ok(());
         }
         let result = if s.file.is_dirty() {
             self.commit_staged(ino, s)
         } else {
             Ok(())
         };
-        let why = match result {
+        let why = match &result {
             Ok(()) => None,
             Err(e) => {
                 warn!(ino, errno = ?e, "a staged file stored at its last release failed; no process was left to report it to");
@@ -226,11 +244,16 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         };
         let mut map = self.lock_staged();
+        // Opened again while its last version was being stored: it lives on.
+        if s.handles.load(Ordering::SeqCst) != 0 {
+            return result;
+        }
         if map.get(&ino).is_some_and(|m| Arc::ptr_eq(m, s)) {
             map.remove(&ino);
         }
         drop(map);
         s.file.finish(why.as_deref());
+        result
     }
 
     /// `truncate` of a stored file no handle has open, to `n` bytes: staged just for this,
@@ -249,12 +272,11 @@ impl<S: ObjectStore> S3Fs<S> {
             Condition::IfMatch(info.etag.clone()),
             meta,
         )?;
-        s.handles.fetch_add(1, Ordering::SeqCst);
         let r = self
             .setattr_staged(&s, Some(n), change)
             .and_then(|()| self.commit_staged(inode.ino, &s));
-        self.release_staged(inode.ino, &s);
-        r
+        let stored = self.release_staged(inode.ino, &s);
+        r.and(stored)
     }
 
     /// `truncate`, `chmod`, `chown`, `utimes` of a staged file: its staged state changes.
@@ -264,6 +286,7 @@ impl<S: ObjectStore> S3Fs<S> {
         size: Option<u64>,
         change: &FileMeta,
     ) -> FsResult<()> {
+        debug!(key = %s.file.key(), ?size, ?change, "staged setattr");
         if let Some(n) = size {
             s.file
                 .truncate(n)
