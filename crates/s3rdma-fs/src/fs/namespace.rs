@@ -429,6 +429,9 @@ impl<S: ObjectStore> S3Fs<S> {
         if inode.kind == Kind::Symlink {
             // A link has no mode of its own (chmod follows it); its type bits stay stored.
             change.mode = None;
+            if set.size.is_some() {
+                return Err(Errno::EINVAL);
+            }
         }
         if inode.kind == Kind::Dir {
             if !change.is_empty() {

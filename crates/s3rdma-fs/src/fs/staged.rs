@@ -68,6 +68,15 @@ impl<S: ObjectStore> S3Fs<S> {
             .cloned()
     }
 
+    /// Inodes staged now (not unlinked).
+    pub(super) fn staged_inodes(&self) -> Vec<u64> {
+        self.lock_staged()
+            .iter()
+            .filter(|(_, s)| !s.unlinked.load(Ordering::Relaxed))
+            .map(|(i, _)| *i)
+            .collect()
+    }
+
     pub(super) fn lock_staged(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Staged<S>>>> {

@@ -107,12 +107,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Inodes of files being written or staged in this mount.
     pub(super) fn local_files(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self.lock_writing().keys().copied().collect();
-        v.extend(
-            self.lock_staged()
-                .keys()
-                .copied()
-                .filter(|i| self.staged(*i).is_some()),
-        );
+        v.extend(self.staged_inodes());
         v
     }
 

@@ -18,6 +18,7 @@ use super::namespace::SetAttr;
 use super::{FsConfig, S3Fs};
 use crate::cache::Cache;
 use crate::read::ReadConfig;
+use crate::stage::StagingArea;
 use crate::upload::pool::WritePool;
 use crate::upload::Uploader;
 
@@ -32,6 +33,8 @@ pub(super) struct Fx {
     pub store: Store,
     pub fs: S3Fs<Store>,
     cfg: FsConfig,
+    /// The staging directory (a writable mount stages files, as a real one does).
+    pub staging: Option<tempfile::TempDir>,
     // Dropped last: the filesystem's tasks run on it (only held here).
     _rt: tokio::runtime::Runtime,
 }
@@ -80,7 +83,7 @@ impl Fx {
             let pool = Arc::new(WritePool::new(BLOCK, 4, false).expect("write pool"));
             Arc::new(Uploader::new(store.clone(), rt.handle().clone(), pool, 2))
         });
-        let fs = S3Fs::new(
+        let mut fs = S3Fs::new(
             rt.handle().clone(),
             store.clone(),
             cache,
@@ -89,10 +92,16 @@ impl Fx {
             Arc::new(OnceLock::new()),
             uploader,
         );
+        let staging = (!cfg.read_only).then(|| tempfile::tempdir().expect("staging dir"));
+        if let Some(dir) = &staging {
+            let area = StagingArea::open(dir.path(), 256 << 20).expect("staging area");
+            fs.set_staging(Arc::new(area));
+        }
         Fx {
             store,
             fs,
             cfg,
+            staging,
             _rt: rt,
         }
     }
@@ -263,6 +272,68 @@ impl Fx {
         let (p2, n2) = self.parent_of(to)?;
         self.fs
             .do_rename(p1, OsStr::new(n1), p2, OsStr::new(n2), RenameFlags::empty())
+    }
+
+    /// `open(path, flags)` of an existing file, or `create` with `flags` of a missing one.
+    pub fn open_with(&self, path: &str, flags: i32) -> Result<u64, Errno> {
+        match self.resolve(path) {
+            Ok(a) => match self
+                .fs
+                .do_open(a.ino.0, OpenFlags(flags), Self::pid(), None)?
+            {
+                super::Opened::Plain(fh, _) | super::Opened::Passthrough(fh, _, _) => Ok(fh),
+            },
+            Err(e) if e == Errno::ENOENT => {
+                let (parent, name) = self.parent_of(path)?;
+                let (_, fh, _) = self.fs.do_create(
+                    parent,
+                    OsStr::new(name),
+                    (Self::pid(), 1000, 1000),
+                    0o644,
+                    OpenFlags(flags | libc::O_CREAT),
+                )?;
+                Ok(fh)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Open `path` read-write (created if missing), write `data` at `offset`, close.
+    pub fn edit(&self, path: &str, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        let fh = self.open_with(path, libc::O_RDWR)?;
+        let written = self.fs.do_write(fh, offset, data).map(|_| ());
+        let closed = self.close(fh);
+        written.and(closed)
+    }
+
+    /// Open `path` for appending (created if missing), write `data` at its end, close. (The
+    /// kernel turns an `O_APPEND` write's offset into the file's size.)
+    pub fn append(&self, path: &str, data: &[u8]) -> Result<(), Errno> {
+        let fh = self.open_with(path, libc::O_WRONLY | libc::O_APPEND)?;
+        let size = self.stat(path).map(|a| a.size);
+        let written = size.and_then(|s| self.fs.do_write(fh, s, data).map(|_| ()));
+        let closed = self.close(fh);
+        written.and(closed)
+    }
+
+    pub fn symlink(&self, path: &str, target: &str) -> Result<(), Errno> {
+        let (parent, name) = self.parent_of(path)?;
+        if self.fs.do_lookup(parent, OsStr::new(name)).is_ok() {
+            return Err(Errno::EEXIST);
+        }
+        self.fs
+            .do_symlink(
+                parent,
+                OsStr::new(name),
+                std::path::Path::new(target),
+                (1000, 1000),
+            )
+            .map(|_| ())
+    }
+
+    pub fn readlink(&self, path: &str) -> Result<Vec<u8>, Errno> {
+        let a = self.resolve(path)?;
+        self.fs.do_readlink(a.ino.0)
     }
 
     pub fn setattr(&self, path: &str, set: SetAttr) -> Result<FileAttr, Errno> {

@@ -1,6 +1,7 @@
 //! Reference-model tests: generated sequences of local operations (write, read, unlink, rename,
-//! mkdir, rmdir, chmod, utimes, truncate, read handles kept open, a file kept open for writing
-//! with fsync), another client's PUTs and DELETEs (including keys no Linux path can name and
+//! mkdir, rmdir, chmod, utimes, truncate to any size, edits in place and appends (staged files),
+//! symbolic links, read handles kept open, a file kept open for writing with fsync and written
+//! on after it), another client's PUTs and DELETEs (including keys no Linux path can name and
 //! keys that clash with directories), outages during a write, and remounts,
 //! run on `S3Fs` over the in-memory store with every TTL at 0. After every step the model —
 //! the bucket's keys as SEMANTICS.md says each operation leaves them, plus the directories made
@@ -29,6 +30,14 @@ const KEYS: &[&str] = &[
 ];
 /// File sizes: empty, tiny, a few pages, and one byte over S3's smallest part (multipart).
 const SIZES: &[usize] = &[0, 1, 100, 70_000, (5 << 20) + 1];
+/// Symbolic link targets.
+const TARGETS: &[&str] = &["a", "../x/y", "d/e"];
+/// The stored mode of a symbolic link (s3fs's format).
+const LINK_MODE: u32 = libc::S_IFLNK | 0o777;
+
+fn is_link(o: &Obj) -> bool {
+    o.mode == Some(LINK_MODE)
+}
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -103,6 +112,28 @@ enum Step {
         path: usize,
         secs: u32,
     },
+    /// Open read-write (created if missing), write at `at`/255 of the file, close: staged.
+    Edit {
+        path: usize,
+        at: u8,
+        size: usize,
+        seed: u8,
+    },
+    /// Open `O_APPEND` (created if missing), write, close: staged.
+    Append {
+        path: usize,
+        size: usize,
+        seed: u8,
+    },
+    /// `truncate` to any size (longer: zeros).
+    TruncateTo {
+        path: usize,
+        size: usize,
+    },
+    Symlink {
+        path: usize,
+        target: usize,
+    },
     Remount,
 }
 
@@ -138,6 +169,10 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Fsync),
         1 => (0..PATHS.len(), any::<u32>()).prop_map(|(path, secs)| Step::Utimes { path, secs }),
         1 => Just(Step::Remount),
+        3 => (0..PATHS.len(), any::<u8>(), size(), any::<u8>()).prop_map(|(path, at, size, seed)| Step::Edit { path, at, size: size.min(70_000), seed }),
+        2 => (0..PATHS.len(), size(), any::<u8>()).prop_map(|(path, size, seed)| Step::Append { path, size: size.min(70_000), seed }),
+        1 => (0..PATHS.len(), size()).prop_map(|(path, size)| Step::TruncateTo { path, size }),
+        2 => (0..PATHS.len(), 0..TARGETS.len()).prop_map(|(path, target)| Step::Symlink { path, target }),
     ]
 }
 
@@ -175,6 +210,8 @@ struct Writer {
     /// Committed by `fsync` (Some(true)), or its commit failed (Some(false)): no longer being
     /// written [S-WRITE-FSYNC].
     committed: Option<bool>,
+    /// Written on after `fsync`: a staged file now (shared, not busy for others).
+    staged: bool,
 }
 
 /// The promised state: the bucket's keys, and the directories made in this mount that no key
@@ -299,6 +336,9 @@ impl Model {
     fn open_for_writing(&self, path: &str) -> Result<(), Errno> {
         if self.is_dir(path) {
             Err(Errno::EISDIR)
+        } else if self.file(path).is_some_and(|o| is_link(&o)) {
+            // The kernel would follow the link; the fixture does not.
+            Err(Errno::ELOOP)
         } else if let Some(e) = self.walk_error(parent(path)) {
             Err(e)
         } else {
@@ -351,7 +391,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             | Step::OpenRead { path }
             | Step::Read { path }
             | Step::Unlink { path }
-                if PATHS[path] == wp =>
+                if PATHS[path] == wp && !w.staged =>
             {
                 let got = match *step {
                     Step::Write { .. } => f.write(PATHS[path], b"x"),
@@ -383,7 +423,15 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             {
                 return Ok(())
             }
-            Step::Utimes { path, .. } if m.near_writer(PATHS[path]) => return Ok(()),
+            Step::Utimes { path, .. }
+            | Step::Edit { path, .. }
+            | Step::Append { path, .. }
+            | Step::TruncateTo { path, .. }
+            | Step::Symlink { path, .. }
+                if m.near_writer(PATHS[path]) =>
+            {
+                return Ok(())
+            }
             _ => {}
         }
     }
@@ -407,6 +455,9 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             let p = PATHS[path];
             let got = f.read(p);
             match m.file(p) {
+                Some(o) if is_link(&o) => check(got == Err(Errno::ELOOP), || {
+                    format!("read of link {p}: {:?}", got.map(|v| v.len()))
+                })?,
                 Some(o) => check(got.as_deref() == Ok(&o.data[..]), || {
                     format!(
                         "read {p}: {:?} bytes, model has {}",
@@ -502,7 +553,12 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                 mode: Some(mode),
                 ..Default::default()
             };
-            setattr_step(f, m, PATHS[path], set, "chmod", |o| o.mode = Some(mode))?;
+            // A link keeps its mode (chmod follows a link; setattr of one leaves it).
+            setattr_step(f, m, PATHS[path], set, "chmod", |o| {
+                if !is_link(o) {
+                    o.mode = Some(mode)
+                }
+            })?;
         }
         Step::Truncate { path } => {
             let set = SetAttr {
@@ -510,6 +566,74 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                 ..Default::default()
             };
             setattr_step(f, m, PATHS[path], set, "truncate", |o| o.data.clear())?;
+        }
+        Step::TruncateTo { path, size } => {
+            let set = SetAttr {
+                size: Some(size as u64),
+                ..Default::default()
+            };
+            setattr_step(f, m, PATHS[path], set, "truncate", |o| {
+                o.data.resize(size, 0)
+            })?;
+        }
+        Step::Edit {
+            path,
+            at,
+            size,
+            seed,
+        } => {
+            let p = PATHS[path];
+            let data = pattern(size, seed);
+            let old = m.file(p);
+            let off = old.as_ref().map_or(0, |o| o.data.len() * at as usize / 255);
+            let got = f.edit(p, off as u64, &data);
+            let want = m.open_for_writing(p);
+            check(got == want, || {
+                format!("edit {p} at {off}: {got:?}, model says {want:?}")
+            })?;
+            if got.is_ok() {
+                let mut bytes = old.as_ref().map(|o| o.data.clone()).unwrap_or_default();
+                if bytes.len() < off + data.len() {
+                    bytes.resize(off + data.len(), 0);
+                }
+                bytes[off..off + data.len()].copy_from_slice(&data);
+                // The mode stays; the mtime is the edit's.
+                let mode = old.as_ref().and_then(|o| o.mode).or(Some(0o644));
+                m.store(p, bytes, mode);
+            }
+        }
+        Step::Append { path, size, seed } => {
+            let p = PATHS[path];
+            let data = pattern(size, seed);
+            let old = m.file(p);
+            let got = f.append(p, &data);
+            let want = m.open_for_writing(p);
+            check(got == want, || {
+                format!("append to {p}: {got:?}, model says {want:?}")
+            })?;
+            if got.is_ok() {
+                let mut bytes = old.as_ref().map(|o| o.data.clone()).unwrap_or_default();
+                bytes.extend_from_slice(&data);
+                // The mode stays; the mtime is the edit's.
+                let mode = old.as_ref().and_then(|o| o.mode).or(Some(0o644));
+                m.store(p, bytes, mode);
+            }
+        }
+        Step::Symlink { path, target } => {
+            let p = PATHS[path];
+            let got = f.symlink(p, TARGETS[target]);
+            if m.is_dir(p) || m.file(p).is_some() {
+                check(got == Err(Errno::EEXIST), || {
+                    format!("symlink over existing {p}: {got:?}")
+                })?;
+            } else if m.walk_error(parent(p)).is_some() {
+                check(got.is_err(), || {
+                    format!("symlink {p} without parent succeeded")
+                })?;
+            } else {
+                check(got.is_ok(), || format!("symlink {p}: {got:?}"))?;
+                m.store(p, TARGETS[target].as_bytes().to_vec(), Some(LINK_MODE));
+            }
         }
         Step::RemotePut { key, size, seed } => {
             let data = pattern(size, seed);
@@ -538,6 +662,9 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             let p = PATHS[path];
             let got = f.open_read(p);
             match m.file(p) {
+                Some(o) if is_link(&o) => check(got == Err(Errno::ELOOP), || {
+                    format!("open of link {p}: {got:?}")
+                })?,
                 Some(o) => {
                     let fh = got.map_err(|e| TestCaseError::fail(format!("open {p}: {e:?}")))?;
                     m.reads.push(OpenRead {
@@ -604,6 +731,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                     base: base.map(|o| o.version),
                     mode: base.and_then(|o| o.mode).or(Some(0o644)),
                     committed: None,
+                    staged: false,
                 });
             }
         }
@@ -618,10 +746,16 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                         })?;
                         w.data.extend_from_slice(&data);
                     }
-                    // [S-WRITE-FSYNC]: S3 cannot append to what fsync stored.
-                    Some(true) => check(got == Err(Errno::EOPNOTSUPP), || {
-                        format!("write after fsync of {}: {got:?}", w.path)
-                    })?,
+                    // [S-WRITE-FSYNC]: written on after fsync, the file goes on staged from what
+                    // fsync stored; the next close stores the rest.
+                    Some(true) => {
+                        check(got == Ok(data.len() as u32), || {
+                            format!("write after fsync of {}: {got:?}", w.path)
+                        })?;
+                        w.data.extend_from_slice(&data);
+                        w.committed = None;
+                        w.staged = true;
+                    }
                     Some(false) => check(got.is_err(), || {
                         format!("write after a failed fsync of {}: {got:?}", w.path)
                     })?,
@@ -669,8 +803,13 @@ fn setattr_step(
     what: &str,
     change: impl FnOnce(&mut Obj),
 ) -> Result<(), TestCaseError> {
+    let truncates = set.size.is_some();
     let got = f.setattr(p, set).map(|_| ());
-    if m.file(p).is_some() {
+    if m.file(p).is_some_and(|o| is_link(&o)) && truncates {
+        check(got == Err(Errno::EINVAL), || {
+            format!("{what} of link {p}: {got:?}")
+        })?;
+    } else if m.file(p).is_some() {
         check(got.is_ok(), || format!("{what} {p}: {got:?}"))?;
         m.touch(p, change);
     } else if !m.is_dir(p) {
@@ -793,17 +932,26 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
         let a = fx
             .stat(p)
             .map_err(|e| TestCaseError::fail(format!("stat {p}: {e:?}")))?;
-        check(
-            a.kind == FileType::RegularFile && a.size == o.data.len() as u64,
-            || {
-                format!(
-                    "stat {p}: {:?} {} bytes, model {}",
-                    a.kind,
-                    a.size,
-                    o.data.len()
-                )
-            },
-        )?;
+        let kind = if is_link(o) {
+            FileType::Symlink
+        } else {
+            FileType::RegularFile
+        };
+        check(a.kind == kind && a.size == o.data.len() as u64, || {
+            format!(
+                "stat {p}: {:?} {} bytes, model {kind:?} {}",
+                a.kind,
+                a.size,
+                o.data.len()
+            )
+        })?;
+        if is_link(o) {
+            let got = fx.readlink(p);
+            check(got.as_deref() == Ok(&o.data[..]), || {
+                format!("readlink {p}: {got:?}")
+            })?;
+            continue;
+        }
         let mode = o.mode.unwrap_or(0o644) & 0o7777;
         check(u32::from(a.perm) == mode, || {
             format!("mode of {p}: {:o}, model {mode:o}", a.perm)
@@ -862,6 +1010,7 @@ fn env_u64(name: &str) -> Option<u64> {
 // [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-HIDDEN] [S-NS-CLASH] [S-NS-MKDIR] [S-NS-UNLINK]
 // [S-NS-RENAME] [S-NS-SETATTR] [S-WRITE-OVERWRITE] [S-WRITE-ALL-OR-NOTHING] [S-NS-TTL]
 // [S-READ-PINNED] [S-WRITE-EXCL] [S-WRITE-FSYNC] [S-WRITE-SHELL] [S-WRITE-WHILE-WRITING]
+// [S-STAGE-EDIT] [S-NS-SYMLINK]
 #[test]
 fn operation_sequences_match_the_reference_model() {
     let cases = env_u64("S3RDMA_MODEL_CASES").unwrap_or(48) as u32;
