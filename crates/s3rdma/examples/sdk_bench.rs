@@ -374,6 +374,15 @@ async fn main() {
             println!("{size}");
             return;
         }
+        "etag" => {
+            let key = arg(&args, 4);
+            let etag = match c.head_object().bucket(&bucket).key(&key).send().await {
+                Ok(o) => o.e_tag().unwrap_or_default().to_string(),
+                Err(_) => String::new(),
+            };
+            println!("{etag}");
+            return;
+        }
         "make-bucket" => {
             c.create_bucket()
                 .bucket(&bucket)

@@ -34,7 +34,7 @@ pub(super) struct Fx {
     pub fs: S3Fs<Store>,
     cfg: FsConfig,
     /// The staging directory (a writable mount stages files, as a real one does).
-    pub staging: Option<tempfile::TempDir>,
+    _staging: Option<tempfile::TempDir>,
     // Dropped last: the filesystem's tasks run on it (only held here).
     _rt: tokio::runtime::Runtime,
 }
@@ -101,7 +101,7 @@ impl Fx {
             store,
             fs,
             cfg,
-            staging,
+            _staging: staging,
             _rt: rt,
         }
     }
