@@ -204,7 +204,7 @@ impl ObjectStore for S3Client {
             Ok(ObjectInfo {
                 key: key.to_string(),
                 size: out.content_length().unwrap_or(0).max(0) as u64,
-                etag: out.e_tag().unwrap_or_default().to_string(),
+                etag: out.e_tag().map(quoted_etag).unwrap_or_default(),
                 last_modified: to_system_time(out.last_modified()),
                 meta: Some(FileMeta::from_map(out.metadata())),
             })
@@ -248,7 +248,7 @@ impl ObjectStore for S3Client {
                     Some(ObjectInfo {
                         key: o.key()?.to_string(),
                         size: o.size().unwrap_or(0).max(0) as u64,
-                        etag: o.e_tag().unwrap_or_default().to_string(),
+                        etag: o.e_tag().map(quoted_etag).unwrap_or_default(),
                         last_modified: to_system_time(o.last_modified()),
                         meta: None,
                     })
@@ -405,7 +405,7 @@ impl ObjectStore for S3Client {
                 })
                 .await?;
             if let Some(out) = rdma {
-                return Ok(out.e_tag().unwrap_or_default().to_string());
+                return Ok(out.e_tag().map(quoted_etag).unwrap_or_default());
             }
             let start = self.stats.request();
             let res = self
@@ -429,7 +429,7 @@ impl ObjectStore for S3Client {
             log_outcome("PutObject", key, start, &res);
             let out = res.map_err(|e| self.note_unsupported(cond, convert("PutObject", key, e)))?;
             TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
-            Ok(out.e_tag().unwrap_or_default().to_string())
+            Ok(out.e_tag().map(quoted_etag).unwrap_or_default())
         }
         .instrument(span)
         .await
@@ -473,7 +473,7 @@ impl ObjectStore for S3Client {
                 })
                 .await?;
             if let Some(out) = rdma {
-                return Ok(out.e_tag().unwrap_or_default().to_string());
+                return Ok(out.e_tag().map(quoted_etag).unwrap_or_default());
             }
             let start = self.stats.request();
             let res = self
@@ -496,7 +496,7 @@ impl ObjectStore for S3Client {
             log_outcome("UploadPart", key, start, &res);
             let out = res.map_err(|e| convert("UploadPart", key, e))?;
             TransportStats::add(&self.stats.http_bytes_written, bytes.len() as u64);
-            Ok(out.e_tag().unwrap_or_default().to_string())
+            Ok(out.e_tag().map(quoted_etag).unwrap_or_default())
         }
         .instrument(span)
         .await
@@ -559,7 +559,7 @@ impl ObjectStore for S3Client {
         log_outcome("CompleteMultipartUpload", key, start, &res);
         let out = res
             .map_err(|e| self.note_unsupported(cond, convert("CompleteMultipartUpload", key, e)))?;
-        Ok(out.e_tag().unwrap_or_default().to_string())
+        Ok(out.e_tag().map(quoted_etag).unwrap_or_default())
     }
 
     /// AbortMultipartUpload: drops every part uploaded so far.
@@ -622,8 +622,8 @@ impl ObjectStore for S3Client {
             return Ok(out
                 .copy_object_result()
                 .and_then(|r| r.e_tag())
-                .unwrap_or_default()
-                .to_string());
+                .map(quoted_etag)
+                .unwrap_or_default());
         }
         let id = self.create_multipart_with(dst, meta).await?;
         let part = COPY_PART_BYTES
@@ -686,8 +686,8 @@ impl ObjectStore for S3Client {
         Ok(out
             .copy_part_result()
             .and_then(|r| r.e_tag())
-            .unwrap_or_default()
-            .to_string())
+            .map(quoted_etag)
+            .unwrap_or_default())
     }
 
     /// Ranged GetObject of `buf.len()` bytes at `offset`, conditional on `etag` (`If-Match`),
@@ -983,6 +983,17 @@ fn meta_map(meta: &FileMeta) -> Option<std::collections::HashMap<String, String>
     (!meta.is_empty()).then(|| meta.to_map())
 }
 
+/// An ETag in the form S3 gives it in HEAD and listings: a quoted string. (SeaweedFS answers
+/// CopyObject and UploadPartCopy with the bare hex; compared with a listing's, the same version
+/// would look like another one.)
+fn quoted_etag(etag: &str) -> String {
+    if etag.is_empty() || etag.starts_with('"') || etag.starts_with("W/") {
+        etag.to_string()
+    } else {
+        format!("\"{etag}\"")
+    }
+}
+
 /// A key as it goes in `x-amz-copy-source`: percent-encoded but for `/` and the unreserved
 /// characters.
 fn encode_key(key: &str) -> String {
@@ -1161,6 +1172,14 @@ mod tests {
         );
         assert_eq!(s3.usable(&cond), Condition::None);
         assert_eq!(s3.usable(&Condition::IfNoneMatch), Condition::None);
+    }
+
+    #[test]
+    fn etags_are_quoted_as_in_head_and_listings() {
+        assert_eq!(quoted_etag("abc"), "\"abc\"");
+        assert_eq!(quoted_etag("\"abc\""), "\"abc\"");
+        assert_eq!(quoted_etag("W/\"abc\""), "W/\"abc\"");
+        assert_eq!(quoted_etag(""), "");
     }
 
     #[test]

@@ -30,6 +30,10 @@ impl Kind {
     }
 }
 
+/// How much later than what this mount last learnt of an object a listing's Last-Modified may
+/// be and still be the same version (see [`Stat::inherit`]).
+pub const SAME_VERSION_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What S3 last told us about a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
@@ -53,18 +57,22 @@ impl From<&ObjectInfo> for Stat {
 }
 
 impl Stat {
-    /// Take `old`'s stored attributes if this is the same version of the object (same ETag
-    /// and Last-Modified to the second: a listing's time is finer than HEAD's) and this stat
-    /// does not know its own.
+    /// Take `old`'s stored attributes if this is the same version of the object and this stat
+    /// does not know its own: the same ETag, and a Last-Modified no later than `old`'s time
+    /// plus [`SAME_VERSION_SLACK`]. (A listing's time is finer than HEAD's; after this mount's
+    /// own write `old`'s time is the local clock at the write, which S3's Last-Modified may
+    /// pass by a little — across a second boundary, the exact comparison this replaced gave
+    /// rsync's freshly renamed files S3's time instead of the mtime stored with them. A copy
+    /// that changes only attributes keeps the ETag: one made by another client is told by its
+    /// later Last-Modified.)
     pub fn inherit(mut self, old: Option<&Stat>) -> Stat {
-        let secs = |t: SystemTime| {
-            t.duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0)
-        };
         if self.meta.is_none() {
             if let Some(old) = old {
-                if old.etag == self.etag && secs(old.mtime) == secs(self.mtime) {
+                let no_later = self
+                    .mtime
+                    .duration_since(old.mtime)
+                    .map_or(true, |d| d <= SAME_VERSION_SLACK);
+                if old.etag == self.etag && no_later {
                     self.meta = old.meta.clone();
                 }
             }
@@ -285,6 +293,36 @@ impl InodeTable {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_listing_keeps_the_attributes_of_the_same_version_across_a_second_boundary() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_999);
+        let meta = FileMeta {
+            mtime: Some(std::time::UNIX_EPOCH),
+            ..Default::default()
+        };
+        let ours = Stat {
+            size: 0,
+            mtime: t,
+            etag: "\"e\"".into(),
+            meta: Some(meta.clone()),
+        };
+        let listed = |ms: u64, etag: &str| Stat {
+            size: 0,
+            mtime: t + std::time::Duration::from_millis(ms),
+            etag: etag.into(),
+            meta: None,
+        };
+        // S3's Last-Modified a moment after this mount's clock, in the next second.
+        assert_eq!(
+            listed(5, "\"e\"").inherit(Some(&ours)).meta,
+            Some(meta.clone())
+        );
+        assert_eq!(listed(1500, "\"e\"").inherit(Some(&ours)).meta, Some(meta));
+        // Another version: another ETag, or the same bytes copied with new attributes later.
+        assert_eq!(listed(5, "\"f\"").inherit(Some(&ours)).meta, None);
+        assert_eq!(listed(60_000, "\"e\"").inherit(Some(&ours)).meta, None);
+    }
     use super::*;
     use std::time::Duration;
 

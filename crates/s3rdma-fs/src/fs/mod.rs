@@ -99,8 +99,8 @@ enum OpenFile<S: ObjectStore> {
     /// Served from the disk cache: by the kernel when `backing` is set (passthrough), else by
     /// `pread` here.
     Disk(u64, DiskFile),
-    /// A handle (reading or writing) of a staged file.
-    Staged(u64, Arc<staged::Staged<S>>),
+    /// A handle of a staged file; `true`: opened for writing (its close stores the file).
+    Staged(u64, Arc<staged::Staged<S>>, bool),
 }
 
 struct DiskFile {
@@ -722,7 +722,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let reader = match &*file {
             OpenFile::Read(_, reader) => reader,
             OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
-            OpenFile::Staged(_, s) => {
+            OpenFile::Staged(_, s, _) => {
                 return self.read_staged(s, offset, size).map(ReadData::Owned)
             }
             OpenFile::Write(..) => {
@@ -997,7 +997,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
-            Some(OpenFile::Staged(ino, s)) => {
+            Some(OpenFile::Staged(ino, s, _)) => {
                 // Its errors are logged (no process is left to report them to).
                 let _ = self.release_staged(*ino, s);
             }

@@ -162,7 +162,7 @@ impl<S: ObjectStore> S3Fs<S> {
         debug!(ino, flags = flags.0, first, "staged handle opened");
         let fh = self.handles.next_fh();
         self.lock_files()
-            .insert(fh, Arc::new(OpenFile::Staged(ino, staged)));
+            .insert(fh, Arc::new(OpenFile::Staged(ino, staged, writes)));
         let fl = if first {
             FopenFlags::empty()
         } else {
@@ -202,7 +202,6 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn write_staged(&self, s: &Staged<S>, offset: u64, data: &[u8]) -> FsResult<u32> {
-        let _ns = self.ns_change();
         s.file
             .write(offset, data)
             .map_err(|e| self.stage_failed("write", &s.file, &e))?;

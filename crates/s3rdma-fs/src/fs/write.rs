@@ -278,7 +278,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let (ino, w) = match &*file {
             OpenFile::Write(ino, w) => (*ino, w),
-            OpenFile::Staged(_, s) => return self.write_staged(s, offset, data),
+            OpenFile::Staged(_, s, true) => return self.write_staged(s, offset, data),
             _ => return Err(Errno::EBADF),
         };
         let mut up = self.rt.block_on(w.upload.lock());
@@ -378,7 +378,8 @@ impl<S: ObjectStore> S3Fs<S> {
         };
         let (ino, w) = match &*file {
             OpenFile::Write(ino, w) => (ino, w),
-            OpenFile::Staged(ino, s) => return self.commit_staged(*ino, s),
+            // A reader's close stores nothing: the writers decide when a version is whole.
+            OpenFile::Staged(ino, s, true) => return self.commit_staged(*ino, s),
             _ => return Ok(()),
         };
         if w.opener.is_some() && w.opener != tgid_of(pid) {
@@ -404,7 +405,7 @@ impl<S: ObjectStore> S3Fs<S> {
         };
         match &*file {
             OpenFile::Write(ino, w) => self.commit(*ino, w),
-            OpenFile::Staged(ino, s) => self.commit_staged(*ino, s),
+            OpenFile::Staged(ino, s, _) => self.commit_staged(*ino, s),
             OpenFile::Read(..) | OpenFile::Disk(..) => Ok(()),
         }
     }

@@ -500,7 +500,6 @@ impl<S: ObjectStore> StagedFile<S> {
         let mut first_err = None;
         for (n, part) in parts.iter().enumerate() {
             let n = n as i32 + 1;
-            let permit = self.up.permits.clone().acquire_owned().await;
             // Collect what has finished; stop sending after a failure.
             while let Some(r) = set.try_join_next() {
                 collect(r, &mut done, &mut first_err);
@@ -511,6 +510,7 @@ impl<S: ObjectStore> StagedFile<S> {
             match part {
                 Part::Copy(r) => {
                     let Some(b) = i.base.clone() else { break };
+                    let permit = self.up.permits.clone().acquire_owned().await;
                     let (s3, key, id, r) = (s3.clone(), i.key.clone(), id.clone(), r.clone());
                     set.spawn(async move {
                         let _permit = permit;
@@ -520,6 +520,8 @@ impl<S: ObjectStore> StagedFile<S> {
                     });
                 }
                 Part::Send(r) => {
+                    // The buffer first, then the upload slot: a slot is never held while
+                    // waiting for write-pool memory that uploads waiting for slots hold.
                     let filled = match self.assemble(i, r.clone(), unit).await {
                         Ok(p) => p,
                         Err(e) => {
@@ -527,6 +529,7 @@ impl<S: ObjectStore> StagedFile<S> {
                             break;
                         }
                     };
+                    let permit = self.up.permits.clone().acquire_owned().await;
                     let (s3, key, id) = (s3.clone(), i.key.clone(), id.clone());
                     set.spawn(async move {
                         let _permit = permit;
