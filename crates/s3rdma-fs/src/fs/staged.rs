@@ -247,8 +247,10 @@ impl<S: ObjectStore> S3Fs<S> {
         let why = match &result {
             Ok(()) => None,
             Err(e) => {
-                warn!(ino, errno = ?e, "a staged file stored at its last release failed; no process was left to report it to");
-                Some(format!("storing it at its last close failed ({e:?})"))
+                warn!(ino, errno = ?e, "storing a staged file when its last handle went failed; its bytes are kept in the staging directory's conflicts/");
+                Some(format!(
+                    "storing it when its last handle went failed ({e:?})"
+                ))
             }
         };
         let mut map = self.lock_staged();
