@@ -8,6 +8,7 @@
 //! - [`fs`]: the filesystem logic (inodes, namespace, open files) and its FUSE adapter.
 
 pub mod cache;
+pub mod dirlock;
 pub mod diskcache;
 pub mod fs;
 pub mod read;

@@ -119,28 +119,7 @@ pub fn entry_path(root: &Path, name: &str, ext: &str) -> PathBuf {
 
 /// Take the directory's lock: one mount per cache directory.
 pub fn lock_dir(root: &Path) -> Result<File, String> {
-    use std::os::fd::AsRawFd;
-    let path = root.join("lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give a writable --cache-dir",
-                path.display()
-            )
-        })?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "the cache directory {} is in use by another s3rdma mount; give each mount its own --cache-dir",
-            root.parent().unwrap_or(root).display()
-        ));
-    }
-    Ok(f)
+    crate::dirlock::lock(root, "cache", root.parent().unwrap_or(root))
 }
 
 /// Entries found under `root` (name → meta) and the bytes they hold. Files being filled when

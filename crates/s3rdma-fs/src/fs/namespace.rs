@@ -102,12 +102,19 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// The parent directory and the name as a key (EINVAL for non-UTF-8, ENAMETOOLONG...).
-    fn dir_and_name<'a>(&self, parent: u64, name: &'a OsStr) -> FsResult<(Arc<Inode>, &'a str)> {
+    pub(super) fn dir_and_name<'a>(
+        &self,
+        parent: u64,
+        name: &'a OsStr,
+    ) -> FsResult<(Arc<Inode>, &'a str)> {
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
-        let name = name.to_str().ok_or(Errno::EINVAL)?;
+        let name = name.to_str().ok_or_else(|| {
+            warn!(parent = %p.key, "a file name must be UTF-8 to be an S3 key");
+            Errno::EINVAL
+        })?;
         names::check_name(name).map_err(|b| errno(b.errno()))?;
         Ok((p, name))
     }

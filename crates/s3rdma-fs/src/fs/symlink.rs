@@ -12,7 +12,7 @@ use fuser::{Errno, FileAttr};
 use tracing::{debug, info, warn};
 
 use super::inode::{Kind, Stat};
-use super::{errno, names, FsResult, S3Fs};
+use super::{names, FsResult, S3Fs};
 use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, PutSource};
 
 /// Linux's longest symbolic link target.
@@ -31,15 +31,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.cfg.read_only {
             return Err(Errno::EROFS);
         }
-        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
-        if p.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
-        }
-        let name = name.to_str().ok_or_else(|| {
-            warn!(parent = %p.key, "a file name must be UTF-8 to be an S3 key");
-            Errno::EINVAL
-        })?;
-        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        let (p, name) = self.dir_and_name(parent, name)?;
         let target = target.as_os_str().as_encoded_bytes();
         if target.is_empty() || target.len() > MAX_TARGET {
             return Err(Errno::ENAMETOOLONG);

@@ -64,7 +64,7 @@ impl StagingArea {
                 )
             })?;
         }
-        let lock = lock(dir)?;
+        let lock = crate::dirlock::lock(dir, "staging", dir)?;
         let area = StagingArea {
             dir: dir.to_path_buf(),
             limit,
@@ -247,30 +247,4 @@ fn write_meta(path: &Path, label: &Label<'_>, why: Option<&str>) -> std::io::Res
         writeln!(f, "reason={why:?}")?;
     }
     Ok(())
-}
-
-/// One mount per staging directory.
-fn lock(dir: &Path) -> Result<File, String> {
-    use std::os::fd::AsRawFd;
-    let path = dir.join("lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give a writable --staging-dir",
-                path.display()
-            )
-        })?;
-    // SAFETY: flock on an fd we own, for the life of the File.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "the staging directory {} is in use by another s3rdma mount; give each mount its own --staging-dir",
-            dir.display()
-        ));
-    }
-    Ok(f)
 }

@@ -62,6 +62,18 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `rsync -a --itemize-changes src/ dst` finds every file up to date (`what`: which run).
+fn assert_rsync_sends_nothing(src: &Path, dst: &Path, what: &str) {
+    let again = run(Command::new("rsync")
+        .args(["-a", "--itemize-changes"])
+        .arg(format!("{}/", src.display()))
+        .arg(dst));
+    assert!(
+        !again.lines().any(|l| l.starts_with(">f")),
+        "{what}:\n{again}"
+    );
+}
+
 /// A local tree of `n` files in nested directories, sizes 0 B .. 40 MiB, with modes and
 /// mtimes in the past. Returns its root and the total size.
 fn make_tree(tag: &str, n: usize) -> (PathBuf, u64) {
@@ -114,14 +126,7 @@ fn rsync_a_of_a_fresh_tree_with_an_empty_first_file_keeps_every_mtime() {
         .arg("-a")
         .arg(format!("{}/", src.display()))
         .arg(&dst));
-    let again = run(Command::new("rsync")
-        .args(["-a", "--itemize-changes"])
-        .arg(format!("{}/", src.display()))
-        .arg(&dst));
-    assert!(
-        !again.lines().any(|l| l.starts_with(">f")),
-        "second rsync transferred files:\n{again}"
-    );
+    assert_rsync_sends_nothing(&src, &dst, "second rsync transferred files");
     for i in [0usize, 1, 59] {
         let name = format!("f{i:02}");
         let local = std::fs::metadata(src.join(&name)).unwrap();
@@ -167,23 +172,13 @@ fn rsync_a_copies_a_tree_and_a_second_run_transfers_nothing() {
     assert_eq!(mounted.modified().unwrap(), local.modified().unwrap());
     assert_eq!(mounted.permissions().mode() & 0o7777, 0o600);
     // The second run finds every file up to date, on a fresh mount too.
-    let again = run(Command::new("rsync")
-        .args(["-a", "--itemize-changes"])
-        .arg(format!("{}/", src.display()))
-        .arg(&dst));
-    assert!(
-        !again.lines().any(|l| l.starts_with(">f")),
-        "second rsync transferred files:\n{again}"
-    );
+    assert_rsync_sends_nothing(&src, &dst, "second rsync transferred files");
     drop(m);
     let m = Mount::new(&b, &[]);
-    let again = run(Command::new("rsync")
-        .args(["-a", "--itemize-changes"])
-        .arg(format!("{}/", src.display()))
-        .arg(m.join("copy")));
-    assert!(
-        !again.lines().any(|l| l.starts_with(">f")),
-        "rsync after a remount transferred files:\n{again}"
+    assert_rsync_sends_nothing(
+        &src,
+        &m.join("copy"),
+        "rsync after a remount transferred files",
     );
     let _ = std::fs::remove_dir_all(&src);
 }

@@ -182,26 +182,7 @@ impl Fx {
     /// `open(O_WRONLY|O_CREAT|O_TRUNC)`, as `cp` and shell redirections do: a new file is
     /// created, an existing one opened with `O_TRUNC`.
     pub fn create_or_truncate(&self, path: &str) -> Result<u64, Errno> {
-        match self.resolve(path) {
-            Ok(a) => {
-                let flags = OpenFlags(libc::O_WRONLY | libc::O_TRUNC);
-                match self.fs.do_open(a.ino.0, flags, Self::pid(), None)? {
-                    super::Opened::Plain(fh, _) | super::Opened::Passthrough(fh, _, _) => Ok(fh),
-                }
-            }
-            Err(e) if e == Errno::ENOENT => {
-                let (parent, name) = self.parent_of(path)?;
-                let (_, fh, _) = self.fs.do_create(
-                    parent,
-                    OsStr::new(name),
-                    (Self::pid(), 1000, 1000),
-                    0o644,
-                    OpenFlags(libc::O_WRONLY | libc::O_CREAT),
-                )?;
-                Ok(fh)
-            }
-            Err(e) => Err(e),
-        }
+        self.open_with(path, libc::O_WRONLY | libc::O_TRUNC)
     }
 
     /// `create`/`O_TRUNC`, sequential writes of `chunk` bytes, then `close` (flush + release);

@@ -375,3 +375,51 @@ fn an_outage_fails_reads_with_an_errno_and_they_work_again_after_it() {
         assert_eq!(bytes, data[5 << 20..(5 << 20) + 4096]);
     }
 }
+
+// [S-NS-SETATTR]
+#[test]
+fn attribute_copies_start_from_what_the_mount_stored_and_retry_when_it_changed() {
+    let mut cfg = strict_config();
+    cfg.metadata_ttl = Duration::from_secs(60);
+    let fx = Fx::with_config(cfg);
+    fx.write("f", b"mine").unwrap();
+    let chmod = |mode| SetAttr {
+        mode: Some(mode),
+        ..Default::default()
+    };
+    // Right after this mount's own write: no HeadObject, one copy.
+    let heads = fx.store.requests(Op::Head);
+    fx.setattr("f", chmod(0o600)).unwrap();
+    assert_eq!(fx.store.requests(Op::Head), heads);
+    assert_eq!(fx.mem().info("f").unwrap().meta.unwrap().mode, Some(0o600));
+    // Replaced by another client meanwhile: the copy from the known ETag fails, the object is
+    // asked for and the copy made from what is there now.
+    fx.mem().put_external("f", b"theirs");
+    fx.setattr("f", chmod(0o640)).unwrap();
+    assert_eq!(fx.store.requests(Op::Head), heads + 1);
+    assert_eq!(fx.mem().data("f").unwrap(), b"theirs");
+    assert_eq!(fx.mem().info("f").unwrap().meta.unwrap().mode, Some(0o640));
+}
+
+// [S-STAGE-SHARED]
+#[test]
+fn a_readers_close_does_not_store_a_staged_file_its_writers_close_does() {
+    let fx = Fx::new();
+    fx.write("f", b"old").unwrap();
+    let w = fx.open_with("f", libc::O_RDWR).unwrap();
+    fx.fs.do_write(w, 0, b"NEW").unwrap();
+    let r = fx.open_read("f").unwrap();
+    assert_eq!(
+        fx.pread(r, 0, 3).unwrap(),
+        b"NEW",
+        "a reader sees the writer's bytes"
+    );
+    fx.close(r).unwrap();
+    assert_eq!(
+        fx.mem().data("f").unwrap(),
+        b"old",
+        "not stored by the reader's close"
+    );
+    fx.close(w).unwrap();
+    assert_eq!(fx.mem().data("f").unwrap(), b"NEW");
+}
