@@ -35,6 +35,15 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if let Err(max) = config.set_max_readahead(1 << 20) {
             let _ = config.set_max_readahead(max);
         }
+        // Staged handles use direct I/O when shared mmap of such files is allowed (see staged.rs).
+        if config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok()
+        {
+            self.writes.staged_direct.store(true, Ordering::Relaxed);
+        } else {
+            info!("the kernel cannot mmap direct-I/O files (Linux 6.6+); staged files go through the page cache, which writes them several times slower");
+        }
         if self.disk.is_some() && self.pass.wanted {
             // The kernel serves files of the disk cache itself: one level of stacking.
             match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {

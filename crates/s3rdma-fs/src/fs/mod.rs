@@ -239,6 +239,9 @@ struct Writes<S: ObjectStore> {
     stage: Option<Arc<StagingArea>>,
     /// Staged files, by inode.
     staged: Mutex<HashMap<u64, Arc<staged::Staged<S>>>>,
+    /// The kernel allows shared `mmap` of direct-I/O files (FUSE_DIRECT_IO_ALLOW_MMAP, Linux
+    /// 6.6+): staged handles are opened with direct I/O (see `staged`).
+    staged_direct: AtomicBool,
 }
 
 type FsResult<T> = Result<T, Errno>;
@@ -290,6 +293,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 aborted: Default::default(),
                 stage: None,
                 staged: Mutex::new(HashMap::new()),
+                staged_direct: AtomicBool::new(false),
             },
             notifier,
             mount_time: SystemTime::now(),

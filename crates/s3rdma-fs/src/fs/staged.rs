@@ -7,8 +7,14 @@
 //! staged one when it is truncated to another size or written out of order before any part
 //! was sent (a write into the part still being filled is served in place). Every handle of a
 //! staged inode, readers included, shares its state, so processes of this host see each
-//! other's bytes as on a local file system. Handles are opened without `FOPEN_DIRECT_IO`: the
-//! kernel's page cache (consistent for this host) serves reads and writable shared `mmap`.
+//! other's bytes as on a local file system.
+//!
+//! Handles are opened with `FOPEN_DIRECT_IO` where the kernel allows shared `mmap` of such
+//! files (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+; it keeps mapped pages coherent with direct
+//! writes): every read and write reaches the staged file directly, in requests of up to 1 MiB.
+//! Through the page cache instead, FUSE writes each page through synchronously and copies it
+//! once more: a 1 GiB `safetensors` save spent 4.3 s writing instead of 0.44 s. Older kernels
+//! get the page cache (which makes their mmap work) and pay that.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -163,7 +169,9 @@ impl<S: ObjectStore> S3Fs<S> {
         let fh = self.handles.next_fh();
         self.lock_files()
             .insert(fh, Arc::new(OpenFile::Staged(ino, staged, writes)));
-        let fl = if first {
+        let fl = if self.writes.staged_direct.load(Ordering::Relaxed) {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else if first {
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_KEEP_CACHE

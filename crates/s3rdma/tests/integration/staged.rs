@@ -176,6 +176,11 @@ with open(p, "r+b") as w2:
 m = mmap.mmap(w.fileno(), 8192)
 m[100:105] = b"mmap!"
 m.flush()
+with open(p, "rb") as r:
+    r.seek(100); assert r.read(5) == b"mmap!", "read() sees what msync wrote"
+with open(p, "r+b") as w3:
+    w3.seek(200); w3.write(b"direct")
+assert m[200:206] == b"direct", "the mapping sees a write through another handle"
 m.close()
 w.close()
 with open(p, "rb") as r:
@@ -198,6 +203,7 @@ print("ok")
     assert_eq!(&d[10..16], b"writer");
     assert_eq!(&d[20..26], b"second");
     assert_eq!(&d[100..105], b"mmap!");
+    assert_eq!(&d[200..206], b"direct");
     assert_eq!(d.len(), 8192);
 }
 
