@@ -61,6 +61,10 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     /// The session ended (unmounted, or the connection was aborted). A file still open for
     /// writing now can never be closed by its writer: abort it, so no multipart upload is left.
     fn destroy(&mut self) {
+        let failed = self.store_pending_attrs();
+        if failed > 0 {
+            warn!(failed, "attribute changes of some files could not be stored as the mount ended (each is logged above)");
+        }
         let control = self.control();
         let aborted = self.rt.block_on(async {
             tokio::time::timeout(

@@ -6,10 +6,12 @@
 //! FUSE worker threads (`--max-threads`) call in concurrently; each blocks on the tokio runtime
 //! for its S3 requests, while read-ahead runs as tasks on that runtime.
 
+pub mod attrs;
 pub mod control;
 pub mod dir;
 mod fuse;
 pub mod inode;
+pub mod known;
 pub mod names;
 pub mod namespace;
 mod passthrough;
@@ -156,6 +158,8 @@ pub struct S3Fs<S: ObjectStore> {
     pass: passthrough::Passthrough,
     /// Operations failed by S3, by errno.
     failures: Failures,
+    /// Attribute changes of stored files waiting to be written back.
+    attrs: Arc<attrs::Writeback<S>>,
     notifier: Arc<OnceLock<Notifier>>,
     mount_time: SystemTime,
 }
@@ -167,6 +171,8 @@ struct NsState {
     negative: Option<moka::sync::Cache<String, ()>>,
     /// Complete listings, reused within the metadata TTL.
     listings: dir::ListingCache,
+    /// Directories whose every name is known (lookups of missing names ask nothing).
+    known: known::KnownDirs,
     /// Keys logged as hidden, at most once each.
     hidden_logged: moka::sync::Cache<String, ()>,
     /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
@@ -268,7 +274,14 @@ impl<S: ObjectStore> S3Fs<S> {
                 .time_to_live(cfg.negative_ttl)
                 .build()
         });
+        let attrs = Arc::new(attrs::Writeback::new(
+            s3.clone(),
+            rt.clone(),
+            cfg.metadata_ttl,
+            cfg.multipart_copy_threshold,
+        ));
         S3Fs {
+            attrs,
             rt,
             s3,
             cache,
@@ -276,6 +289,7 @@ impl<S: ObjectStore> S3Fs<S> {
             ns: NsState {
                 negative,
                 listings: dir::ListingCache::new(cfg.metadata_ttl),
+                known: known::KnownDirs::new(cfg.negative_ttl),
                 hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
                 local_dirs: Mutex::new(Default::default()),
                 dir_attrs: Mutex::new(HashMap::new()),
@@ -343,6 +357,9 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// Stored attributes win over the mount's defaults; a file's ctime is S3's Last-Modified.
     fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
+        // Attributes set here and not written back yet show at once.
+        let overlaid = self.attrs.overlay(inode.ino, stat);
+        let stat = overlaid.as_ref().unwrap_or(stat);
         let (kind, perm, nlink) = match inode.kind {
             Kind::File => (FileType::RegularFile, self.cfg.file_mode, 1),
             Kind::Dir => (FileType::Directory, self.cfg.dir_mode, 2),
@@ -456,7 +473,7 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let key = names::child_key(&p.key, name);
-        if self.negative_hit(&key) {
+        if self.negative_hit(&key) || self.known_absent(&p, name, now)? {
             return Err(Errno::ENOENT);
         }
         // A name last seen as a file (in a listing, or an earlier lookup) is most likely still
@@ -527,6 +544,41 @@ impl<S: ObjectStore> S3Fs<S> {
                 }
                 self.remember_missing(key);
                 Err(Errno::ENOENT)
+            }
+        }
+    }
+
+    /// Whether `name` is missing from directory `p` as far as this mount knows without asking
+    /// about the name itself (see `known`): a directory it made or listed in full within the
+    /// negative TTL; a small one whose knowledge expired is listed again (one page).
+    fn known_absent(&self, p: &Inode, name: &str, now: Instant) -> FsResult<bool> {
+        // A name this mount has an inode for is answered by the usual path.
+        if self.inodes.child(p.ino, name).is_some() {
+            return Ok(false);
+        }
+        match self.ns.known.answer(p.ino, name, now) {
+            known::Answer::Absent => Ok(true),
+            known::Answer::Listed | known::Answer::Unknown => Ok(false),
+            known::Answer::Expired => {
+                let page = self
+                    .rt
+                    .block_on(
+                        self.s3
+                            .list_page(&p.key, Some("/"), None, known::MAX_NAMES as i32),
+                    )
+                    .map_err(|e| self.fail("lookup", &e))?;
+                if page.next_token.is_some() {
+                    self.ns.known.large(p.ino, now);
+                    return Ok(false);
+                }
+                let mut builder = DirBuilder::new(&p.key);
+                builder.add_page(page);
+                let (entries, _) = builder.finish();
+                self.ns
+                    .known
+                    .listed(p.ino, now, entries.iter().map(|(n, _)| n.as_str()));
+                Ok(!entries.iter().any(|(n, _)| n == name)
+                    && self.inodes.child(p.ino, name).is_none())
             }
         }
     }
@@ -617,6 +669,8 @@ impl<S: ObjectStore> S3Fs<S> {
             return Ok(Opened::Plain(fh, fl));
         }
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            // Attributes set before are stored with the version they were set on.
+            self.store_attrs(ino)?;
             return self
                 .open_for_write(&inode, flags, pid)
                 .map(|(fh, fl)| Opened::Plain(fh, fl));
@@ -748,6 +802,9 @@ impl<S: ObjectStore> S3Fs<S> {
             None => {
                 let generation = self.ns.listings.generation();
                 let entries = self.list_from_s3(inode)?;
+                self.ns
+                    .known
+                    .listed(inode.ino, now, entries.iter().map(|(n, _)| n.as_str()));
                 (
                     self.ns.listings.put(inode.ino, now, generation, entries),
                     false,
@@ -881,6 +938,18 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(cached.clone().unwrap_or_default())
     }
 
+    /// Write back the attribute changes of `ino` waiting to be (before its bytes change, at
+    /// `fsync`).
+    fn store_attrs(&self, ino: u64) -> FsResult<()> {
+        self.attrs.flush(ino).map_err(errno)
+    }
+
+    /// Write back every attribute change waiting to be (the end of the mount); how many
+    /// failed (each logged).
+    pub fn store_pending_attrs(&self) -> usize {
+        self.attrs.flush_all()
+    }
+
     /// The live counters, one `name value` per line.
     pub fn stats_text(&self) -> String {
         let writes = self
@@ -899,9 +968,10 @@ impl<S: ObjectStore> S3Fs<S> {
             .map(|a| a.summary())
             .unwrap_or_default();
         format!(
-            "{} {} {writes} {stage} {disk} {} open_files={files} files_being_written={writing} {}",
+            "{} {} {writes} {stage} {disk} {} {} open_files={files} files_being_written={writing} {}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
+            self.attrs.summary(),
             crate::rdma_live_summary(),
             self.failures.summary(),
         )

@@ -163,8 +163,11 @@ impl<S: ObjectStore> S3Fs<S> {
                     },
                 );
         }
+        let now = Instant::now();
+        // Nothing was under it when the kernel's lookup asked.
+        self.ns.known.made(child.ino, now);
         let stat = self.dir_stat();
-        child.set_stat(stat.clone(), self.ttl_from(Instant::now()));
+        child.set_stat(stat.clone(), self.ttl_from(now));
         debug!(key = %child.key, "directory made");
         Ok(self.attr(&child, &stat))
     }
@@ -197,6 +200,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     fn forget_dir(&self, child: &Inode) {
+        self.ns.known.forget(child.ino);
         self.ns
             .local_dirs
             .lock()
@@ -229,9 +233,14 @@ impl<S: ObjectStore> S3Fs<S> {
             warn!(key = %child.key, "cannot remove a file while it is being written in this mount; close it first");
             return Err(Errno::EBUSY);
         }
-        self.rt
-            .block_on(self.s3.delete_object(&child.key))
-            .map_err(|e| self.fail("unlink", &e))?;
+        // Attribute changes not written back yet go with the object.
+        let pending = self.attrs.take(child.ino);
+        if let Err(e) = self.rt.block_on(self.s3.delete_object(&child.key)) {
+            if let Some(p) = pending {
+                self.attrs.restore(p);
+            }
+            return Err(self.fail("unlink", &e));
+        }
         self.forget_file(&child);
         debug!(key = %child.key, "removed");
         Ok(())
@@ -313,10 +322,30 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         // The source as it is now: its ETag makes the copy conditional, its attributes go
         // along.
-        let (info, etag) = self.copy_known(&src, "rename", |info| {
-            (dst_key.clone(), info.meta.clone().unwrap_or_default())
-        })?;
-        let meta = info.meta.clone().unwrap_or_default();
+        // Attribute changes not written back yet go along with the copy (when it copies the
+        // version they were made on).
+        let pending = self.attrs.take(src.ino);
+        let with_changes = |info: &ObjectInfo| {
+            let meta = info.meta.clone().unwrap_or_default();
+            match &pending {
+                Some(p) if p.base.etag == info.etag => meta.merged(&p.change),
+                _ => meta,
+            }
+        };
+        let copied = self.copy_known(&src, "rename", |info| (dst_key.clone(), with_changes(info)));
+        let (info, etag) = match copied {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(p) = pending {
+                    self.attrs.restore(p);
+                }
+                return Err(e);
+            }
+        };
+        let meta = with_changes(&info);
+        if pending.is_some() {
+            self.attrs.folded();
+        }
         if let Err(e) = self.rt.block_on(self.s3.delete_object(&src.key)) {
             // The copy exists; the source could not be removed: both names now exist.
             warn!(key = %src.key, to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
@@ -355,16 +384,7 @@ impl<S: ObjectStore> S3Fs<S> {
         op: &str,
         target: impl Fn(&ObjectInfo) -> (String, FileMeta),
     ) -> FsResult<(ObjectInfo, String)> {
-        let known = inode
-            .recently_asked(Instant::now(), self.cfg.metadata_ttl)
-            .filter(|s| !s.etag.is_empty() && s.meta.is_some())
-            .map(|s| ObjectInfo {
-                key: inode.key.clone(),
-                size: s.size,
-                etag: s.etag,
-                last_modified: s.mtime,
-                meta: s.meta,
-            });
+        let known = self.known(inode);
         let copy = |info: &ObjectInfo| {
             let (dst, meta) = target(info);
             self.rt.block_on(self.s3.copy_object(
@@ -391,6 +411,35 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok((info, etag))
     }
 
+    /// The version of `inode` this mount learnt from S3 (or stored) within the metadata TTL,
+    /// stored attributes included.
+    fn known(&self, inode: &Inode) -> Option<ObjectInfo> {
+        inode
+            .recently_asked(Instant::now(), self.cfg.metadata_ttl)
+            .filter(|s| !s.etag.is_empty() && s.meta.is_some())
+            .map(|s| ObjectInfo {
+                key: inode.key.clone(),
+                size: s.size,
+                etag: s.etag,
+                last_modified: s.mtime,
+                meta: s.meta,
+            })
+    }
+
+    /// What [`Self::known`] gives, else what HeadObject answers now (and is remembered).
+    fn known_version(&self, inode: &Inode, op: &str) -> FsResult<ObjectInfo> {
+        if let Some(info) = self.known(inode) {
+            return Ok(info);
+        }
+        let info = self
+            .rt
+            .block_on(self.s3.head(&inode.key))
+            .map_err(|e| self.fail(op, &e))?;
+        let now = Instant::now();
+        inode.set_stat_asked(Stat::from(&info), self.ttl_from(now), now);
+        Ok(info)
+    }
+
     /// Bookkeeping of a rename: the inode moves to its new name, whatever had that name and
     /// the old name are forgotten.
     fn moved(
@@ -405,6 +454,8 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(d) = dst {
             d.invalidate();
             d.forget_opened();
+            // Replaced: changes to its attributes not written back yet are moot.
+            self.attrs.take(d.ino);
         }
         if let Some(neg) = &self.ns.negative {
             neg.invalidate(dst_key);
@@ -472,30 +523,20 @@ impl<S: ObjectStore> S3Fs<S> {
             return self.do_getattr(ino);
         }
         let info = match set.size {
-            // Only attributes: a copy onto itself from what this mount knows.
+            // Only attributes: written back shortly, by one copy for all the changes that
+            // follow (see `attrs`), onto the version this mount knows.
             None => {
-                let (info, etag) = self.copy_known(&inode, "setattr", |info| {
-                    (
-                        inode.key.clone(),
-                        info.meta.clone().unwrap_or_default().merged(&change),
-                    )
-                })?;
-                let meta = info.meta.clone().unwrap_or_default().merged(&change);
-                let now = Instant::now();
-                let stat = Stat::from(&ObjectInfo {
-                    key: inode.key.clone(),
-                    size: info.size,
-                    etag,
-                    last_modified: SystemTime::now(),
-                    meta: Some(meta),
-                });
-                inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+                let base = self.known_version(&inode, "setattr")?;
+                let stat = Stat::from(&base);
+                self.attrs.defer(inode.clone(), base, &change);
                 return Ok(self.attr(&inode, &stat));
             }
-            Some(_) => self
-                .rt
-                .block_on(self.s3.head(&inode.key))
-                .map_err(|e| self.fail("setattr", &e))?,
+            Some(_) => {
+                self.store_attrs(ino)?;
+                self.rt
+                    .block_on(self.s3.head(&inode.key))
+                    .map_err(|e| self.fail("setattr", &e))?
+            }
         };
         let meta = info.meta.clone().unwrap_or_default().merged(&change);
         let (etag, size) = match set.size {

@@ -406,7 +406,7 @@ impl<S: ObjectStore> S3Fs<S> {
         match &*file {
             OpenFile::Write(ino, w) => self.commit(*ino, w),
             OpenFile::Staged(ino, s, _) => self.commit_staged(*ino, s),
-            OpenFile::Read(..) | OpenFile::Disk(..) => Ok(()),
+            OpenFile::Read(ino, _) | OpenFile::Disk(ino, _) => self.store_attrs(*ino),
         }
     }
 

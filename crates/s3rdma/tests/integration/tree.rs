@@ -339,6 +339,8 @@ fn chmod_chown_utimes_and_truncate_are_stored() {
     );
     // SAFETY: valid path; chown to another owner (the tests run as root).
     assert_eq!(unsafe { libc::chown(path.as_ptr(), 1234, 5678) }, 0);
+    // Written back within a second, or at once by fsync (of any handle) [S-NS-ATTR-WRITEBACK].
+    std::fs::File::open(&f).unwrap().sync_all().unwrap();
     let meta = server_meta(&b, "f");
     assert_eq!(meta.get("mode").map(String::as_str), Some("33256"));
     assert_eq!(

@@ -109,6 +109,8 @@ impl Fx {
     /// The same bucket mounted again (what a remount keeps: only the bucket).
     pub fn remount(self) -> Fx {
         let (store, cfg) = (self.store.clone(), self.cfg.clone());
+        // What the FUSE session's end (`destroy`) does first.
+        self.fs.store_pending_attrs();
         drop(self);
         Fx::over(store, cfg)
     }

@@ -304,6 +304,10 @@ fn chmod_and_utimes_are_stored_as_metadata_by_a_copy_onto_itself() {
         .unwrap();
     assert_eq!(attr.perm, 0o600);
     assert_eq!(attr.mtime, mtime);
+    // Written back a moment later (here: by the end of the mount).
+    assert_eq!(fx.mem().requests(Op::Copy), 0);
+    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.mem().requests(Op::Copy), 1);
     let info = fx.mem().info("f").unwrap();
     assert_eq!(info.meta.as_ref().and_then(|m| m.mode), Some(0o600));
     assert_eq!(fx.mem().data("f").unwrap(), b"data");
@@ -376,29 +380,180 @@ fn an_outage_fails_reads_with_an_errno_and_they_work_again_after_it() {
     }
 }
 
-// [S-NS-SETATTR]
-#[test]
-fn attribute_copies_start_from_what_the_mount_stored_and_retry_when_it_changed() {
-    let mut cfg = strict_config();
-    cfg.metadata_ttl = Duration::from_secs(60);
-    let fx = Fx::with_config(cfg);
-    fx.write("f", b"mine").unwrap();
-    let chmod = |mode| SetAttr {
+fn chmod(mode: u32) -> SetAttr {
+    SetAttr {
         mode: Some(mode),
         ..Default::default()
-    };
-    // Right after this mount's own write: no HeadObject, one copy.
+    }
+}
+
+fn touch(secs: u64) -> SetAttr {
+    SetAttr {
+        mtime: Some(UNIX_EPOCH + Duration::from_secs(secs)),
+        ..Default::default()
+    }
+}
+
+/// A mount that trusts what it learnt for a minute (as the defaults do, for a second).
+fn trusting() -> Fx {
+    let mut cfg = strict_config();
+    cfg.metadata_ttl = Duration::from_secs(60);
+    cfg.negative_ttl = Duration::from_secs(60);
+    Fx::with_config(cfg)
+}
+
+// [S-NS-SETATTR] [S-NS-ATTR-WRITEBACK]
+#[test]
+fn attribute_changes_are_written_back_once_from_what_the_mount_stored() {
+    let fx = trusting();
+    fx.write("f", b"mine").unwrap();
+    // Right after this mount's own write: no HeadObject; three changes, one copy, by itself
+    // a second after the first.
     let heads = fx.store.requests(Op::Head);
+    fx.setattr("f", touch(1_000)).unwrap();
     fx.setattr("f", chmod(0o600)).unwrap();
+    let a = fx
+        .setattr(
+            "f",
+            SetAttr {
+                uid: Some(4242),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((a.perm, a.uid), (0o600, 4242), "stat shows them at once");
     assert_eq!(fx.store.requests(Op::Head), heads);
-    assert_eq!(fx.mem().info("f").unwrap().meta.unwrap().mode, Some(0o600));
-    // Replaced by another client meanwhile: the copy from the known ETag fails, the object is
-    // asked for and the copy made from what is there now.
-    fx.mem().put_external("f", b"theirs");
+    assert_eq!(fx.mem().requests(Op::Copy), 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fx.mem().requests(Op::Copy) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(fx.mem().requests(Op::Copy), 1);
+    let meta = fx.mem().info("f").unwrap().meta.unwrap();
+    assert_eq!(
+        (meta.mode, meta.uid, meta.mtime),
+        (
+            Some(0o600),
+            Some(4242),
+            Some(UNIX_EPOCH + Duration::from_secs(1_000))
+        )
+    );
+    assert_eq!(fx.mem().data("f").unwrap(), b"mine");
+    // Replaced by another client before the write-back: the newer version keeps its own.
     fx.setattr("f", chmod(0o640)).unwrap();
-    assert_eq!(fx.store.requests(Op::Head), heads + 1);
+    fx.mem().put_external("f", b"theirs");
+    assert_eq!(fx.fs.store_pending_attrs(), 0);
     assert_eq!(fx.mem().data("f").unwrap(), b"theirs");
-    assert_eq!(fx.mem().info("f").unwrap().meta.unwrap().mode, Some(0o640));
+    assert_eq!(fx.mem().info("f").unwrap().meta.and_then(|m| m.mode), None);
+    assert!(fx.fs.stats_text().contains("attr_writebacks_dropped 1\n"));
+}
+
+// [S-NS-ATTR-WRITEBACK]
+#[test]
+fn fsync_and_opens_for_writing_write_attributes_back_first_and_unlink_drops_them() {
+    let fx = trusting();
+    fx.write("f", b"data").unwrap();
+    fx.setattr("f", chmod(0o600)).unwrap();
+    let fh = fx.open_read("f").unwrap();
+    // A failed write-back is fsync's error, and counted.
+    fx.store.fail(Op::Copy, S3ErrorKind::AccessDenied, 1);
+    assert!(fx.fs.do_fsync(fh).is_err());
+    assert!(fx.fs.stats_text().contains("attr_writebacks_failed 1\n"));
+    fx.setattr("f", chmod(0o600)).unwrap();
+    fx.fs.do_fsync(fh).unwrap();
+    fx.fs.do_release(fh);
+    assert_eq!(fx.mem().info("f").unwrap().meta.unwrap().mode, Some(0o600));
+    // An append stores the mode set before it with the new version.
+    fx.setattr("f", chmod(0o604)).unwrap();
+    fx.append("f", b"+").unwrap();
+    let info = fx.mem().info("f").unwrap();
+    assert_eq!(fx.mem().data("f").unwrap(), b"data+");
+    assert_eq!(info.meta.unwrap().mode, Some(0o604));
+    // Removed before its write-back: no copy.
+    let copies = fx.mem().requests(Op::Copy);
+    fx.setattr("f", chmod(0o611)).unwrap();
+    fx.unlink("f").unwrap();
+    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.mem().requests(Op::Copy), copies);
+    assert!(!exists(&fx.store, "f"));
+}
+
+// [S-NS-ATTR-WRITEBACK] [S-NS-KNOWN-DIRS] [S-NS-RSYNC]
+#[test]
+fn rsyncs_file_costs_a_put_a_copy_and_a_delete() {
+    let fx = trusting();
+    fx.mkdir("d").unwrap();
+    let before = |op| fx.mem().requests(op);
+    let (lists, heads) = (before(Op::List), before(Op::Head));
+    // rsync: lstat of the final name, create the temporary file, write, close, set its times
+    // and mode, rename it into place.
+    assert_eq!(fx.resolve("d/file").unwrap_err(), Errno::ENOENT);
+    fx.write("d/.file.Ab12Cd", b"contents").unwrap();
+    fx.setattr("d/.file.Ab12Cd", touch(1_234)).unwrap();
+    fx.setattr("d/.file.Ab12Cd", chmod(0o640)).unwrap();
+    fx.rename("d/.file.Ab12Cd", "d/file").unwrap();
+    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(
+        (
+            before(Op::List) - lists,
+            before(Op::Head) - heads,
+            before(Op::Put),
+            before(Op::Copy),
+            before(Op::Delete)
+        ),
+        (0, 0, 1, 1, 1),
+        "requests: lists, heads, puts, copies, deletes"
+    );
+    let meta = fx.mem().info("d/file").unwrap().meta.unwrap();
+    assert_eq!(
+        (meta.mode, meta.mtime),
+        (Some(0o640), Some(UNIX_EPOCH + Duration::from_secs(1_234)))
+    );
+    assert_eq!(fx.mem().keys(), vec!["d/file".to_string()]);
+    let a = fx.remount().stat("d/file").unwrap();
+    assert_eq!(
+        (a.perm, a.mtime),
+        (0o640, UNIX_EPOCH + Duration::from_secs(1_234))
+    );
+}
+
+// [S-NS-KNOWN-DIRS]
+#[test]
+fn a_known_directory_answers_missing_names_until_its_ttl_then_is_listed_again() {
+    let mut cfg = strict_config();
+    cfg.metadata_ttl = Duration::from_millis(300);
+    cfg.negative_ttl = Duration::from_millis(300);
+    let fx = Fx::with_config(cfg);
+    fx.mem().put_external("d/a", b"a");
+    assert_eq!(fx.ls("d").unwrap(), vec!["a".to_string()]);
+    let lists = fx.mem().requests(Op::List);
+    assert_eq!(fx.resolve("d/x").unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        fx.mem().requests(Op::List),
+        lists,
+        "answered from the listing"
+    );
+    // Created elsewhere: missed until the TTL runs out, as a remembered negative answer is.
+    fx.mem().put_external("d/y", b"y");
+    assert_eq!(fx.resolve("d/y").unwrap_err(), Errno::ENOENT);
+    std::thread::sleep(Duration::from_millis(350));
+    // Expired: one listing of the directory (and one lookup of `d` itself, whose entry
+    // expired too), then its missing names need nothing.
+    assert_eq!(fx.resolve("d/z").unwrap_err(), Errno::ENOENT);
+    assert_eq!(fx.mem().requests(Op::List), lists + 2);
+    assert_eq!(fx.resolve("d/w").unwrap_err(), Errno::ENOENT);
+    assert_eq!(fx.mem().requests(Op::List), lists + 2);
+    assert!(fx.resolve("d/y").is_ok());
+    // A name made by this mount is never hidden by what the directory held before.
+    fx.write("d/new", b"n").unwrap();
+    assert!(fx.resolve("d/new").is_ok());
+    // A zero negative TTL asks every time.
+    let fx = Fx::new();
+    fx.mkdir("e").unwrap();
+    let lists = fx.mem().requests(Op::List);
+    assert_eq!(fx.resolve("e/x").unwrap_err(), Errno::ENOENT);
+    assert!(fx.mem().requests(Op::List) > lists);
 }
 
 // [S-STAGE-SHARED]
