@@ -502,10 +502,20 @@ impl<S: ObjectStore> S3Fs<S> {
         // Counted as a handle meanwhile, so that a last release running now cannot drop the
         // change; if no other handle is left, the change is stored at once.
         if let Some(s) = self.acquire_staged(ino) {
-            let r = self.setattr_staged(&s, set.size, &change);
-            let stored = self.release_staged(ino, &s);
-            r.and(stored)?;
-            return self.do_getattr(ino);
+            // Its last handle has just gone (the kernel's release races the `utimes` that
+            // `rsync` sends after `close`) and its bytes are stored: the state is dropped and the
+            // change deferred as for any stored file (below), not stored by a copy of its own.
+            let closing = set.size.is_none()
+                && s.handles() == 1
+                && !s.file.is_dirty()
+                && s.file.base().is_some();
+            if !closing {
+                let r = self.setattr_staged(&s, set.size, &change);
+                let stored = self.release_staged(ino, &s);
+                r.and(stored)?;
+                return self.do_getattr(ino);
+            }
+            self.release_staged(ino, &s)?;
         }
         if let Some(w) = self.writing(ino) {
             if let Some(size) = set.size {

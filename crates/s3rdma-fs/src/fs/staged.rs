@@ -43,6 +43,11 @@ impl<S: ObjectStore> Staged<S> {
         self.unlinked.store(true, Ordering::Relaxed);
     }
 
+    /// Handles counted now (open ones, and any operation holding it for the moment).
+    pub(super) fn handles(&self) -> usize {
+        self.handles.load(Ordering::SeqCst)
+    }
+
     pub(super) fn stat(&self) -> Stat {
         let s = self.file.stat();
         Stat {
