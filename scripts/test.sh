@@ -19,3 +19,5 @@ rm -rf "$quick"
 echo "== cargo test (the integration tests run the binaries of two crates: build them first)"
 cargo build --workspace --release --locked --bins --examples
 cargo test --workspace --release --locked
+echo "== the nvidia build against NVIDIA's real cuObject library (scripts/nvidia-test.sh)"
+scripts/nvidia-test.sh

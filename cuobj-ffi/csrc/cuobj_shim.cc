@@ -12,6 +12,15 @@
 #error "S3RDMA_CUOBJ_PROVIDER must name the provider"
 #endif
 
+#if defined(S3RDMA_CUOBJ_NVIDIA)
+// The shim embeds the class by value, and the library's constructor writes all of it: a header
+// edited by a third party (64 bytes, no limit macro) would let it write past the object.
+static_assert(sizeof(cuObjClient) == 72,
+              "cuobjclient.h declares a cuObjClient that is not the genuine 72-byte class (a header "
+              "edited by a third party?): build against the header shipped with the library, in "
+              "the CUDA toolkit or CUOBJ_HOME/include");
+#endif
+
 struct s3rdma_cuobj_client {
   CUObjOps_t ops;
   cuObjClient client;
@@ -23,9 +32,14 @@ extern "C" {
 const char *s3rdma_cuobj_provider(void) { return S3RDMA_CUOBJ_PROVIDER; }
 
 uint64_t s3rdma_cuobj_max_registration_size(void) {
+  // Library 1.2+ refuses more than 4 GiB - 64 KiB, whatever the header says (1.0's: 4 GiB).
+  const unsigned long long cap = 0xffff0000ULL;
+#ifdef CUOBJ_MAX_MEMORY_REG_SIZE
   const unsigned long long lib = (unsigned long long)(CUOBJ_MAX_MEMORY_REG_SIZE);
-  const unsigned long long field = 0xffffffffULL;
-  return lib < field ? lib : field;
+  return lib < cap ? lib : cap;
+#else
+  return cap;
+#endif
 }
 
 s3rdma_cuobj_client *s3rdma_cuobj_client_new(void) {

@@ -31,7 +31,8 @@ typedef struct s3rdma_cuobj_client s3rdma_cuobj_client;
 /* "nvidia" or "loopback". */
 const char *s3rdma_cuobj_provider(void);
 
-/* min(CUOBJ_MAX_MEMORY_REG_SIZE, 2^32 - 1): the token's size field has 32 bits. */
+/* min(CUOBJ_MAX_MEMORY_REG_SIZE, 0xFFFF0000): library 1.2+ refuses more (also without the
+ * macro). */
 uint64_t s3rdma_cuobj_max_registration_size(void);
 
 /* NULL if the client cannot be constructed (any exception is caught). */

@@ -12,7 +12,6 @@ use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 static LIVE_REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
 static LIVE_REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
@@ -35,6 +34,9 @@ pub fn live() -> Live {
         tokens: LIVE_TOKENS.load(Ordering::Relaxed),
     }
 }
+
+mod init;
+pub use init::{client_within, library, rdma_device, ASSUME_DEVICE_ENV, DEFAULT_DEADLINE};
 
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code)]
 mod sys {
@@ -76,8 +78,9 @@ pub fn provider() -> Provider {
     }
 }
 
-/// The largest registration (and token window): min(CUOBJ_MAX_MEMORY_REG_SIZE, 2^32 - 1),
-/// i.e. 4 GiB - 64 KiB on current releases.
+/// The largest registration (and token window): min(CUOBJ_MAX_MEMORY_REG_SIZE, 4 GiB - 64 KiB)
+/// — library 1.2+ refuses more than 0xFFFF0000 bytes whatever its header says (1.0's says
+/// 4 GiB), and a header without the macro gets that limit too.
 pub fn max_registration_size() -> usize {
     // SAFETY: no arguments, no state.
     let n = unsafe { sys::s3rdma_cuobj_max_registration_size() };
@@ -138,24 +141,10 @@ unsafe impl Send for Client {}
 // SAFETY: as above.
 unsafe impl Sync for Client {}
 
-static CLIENT: OnceLock<Result<Client, Error>> = OnceLock::new();
-
-/// The one client of this process, constructed on first use. Per-call construction is racy in
-/// the real library, so there is never a second one.
+/// The one client of this process, constructed on first use (never twice: per-call
+/// construction is racy in the real library) within [`DEFAULT_DEADLINE`]; see [`client_within`].
 pub fn client() -> Result<&'static Client, Error> {
-    CLIENT
-        .get_or_init(|| {
-            // SAFETY: plain constructor; NULL on failure.
-            let raw = unsafe { sys::s3rdma_cuobj_client_new() };
-            NonNull::new(raw).map(|raw| Client { raw }).ok_or_else(|| {
-                Error(format!(
-                    "cuObjClient construction failed ({} provider): missing RDMA NIC, cuFile/cuObject configuration (CUFILE_ENV_PATH_JSON, rdma_dev_addr_list) or version-matched libraries",
-                    provider()
-                ))
-            })
-        })
-        .as_ref()
-        .map_err(Clone::clone)
+    client_within(DEFAULT_DEADLINE)
 }
 
 impl Client {
@@ -471,12 +460,16 @@ mod tests {
     use super::*;
 
     /// The live counters are process-wide: tests that register run one at a time.
+    #[cfg(cuobj_provider = "loopback")]
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    #[cfg(cuobj_provider = "loopback")]
     fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    // Registration needs a client: with NVIDIA's library, an RDMA device (none in CI).
+    #[cfg(cuobj_provider = "loopback")]
     #[test]
     fn live_counts_follow_registrations_and_tokens() {
         let _s = serial();
@@ -494,6 +487,26 @@ mod tests {
         assert_eq!(live().registrations, before.registrations + 1);
         drop(t2);
         assert_eq!(live(), before);
+    }
+
+    #[cfg(cuobj_provider = "nvidia")]
+    #[test]
+    fn nvidia_library_loaded_and_no_client_without_a_device() {
+        assert_eq!(provider(), Provider::Nvidia);
+        let (path, version) = library().expect("libcuobjclient is loaded");
+        assert!(
+            path.to_string_lossy().contains("libcuobjclient.so"),
+            "{path:?}"
+        );
+        assert!(version.starts_with("1."), "{version}");
+        if let Err(why) = rdma_device() {
+            let started = std::time::Instant::now();
+            let Err(e) = client() else {
+                panic!("a client without a device: {why}");
+            };
+            assert_eq!(e.0, why);
+            assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        }
     }
 
     #[test]
@@ -538,6 +551,7 @@ mod tests {
         assert!(reg.token(usize::MAX, 2, Op::Put).is_err());
     }
 
+    #[cfg(cuobj_provider = "loopback")]
     #[test]
     fn oversized_and_double_registrations_fail() {
         let _s = serial();

@@ -20,11 +20,17 @@ pub fn is_loopback_url(url: &str) -> bool {
 /// The RDMA mode this mount really runs with, or why `rdma=required` cannot be honoured.
 /// `auto` turns into `off` when no usable provider/device exists, or when the loopback provider
 /// would talk to an endpoint that is not on this host (its tokens mean nothing there).
-pub fn resolve_mode(requested: RdmaMode, endpoint_url: Option<&str>) -> Result<RdmaMode, String> {
+/// The client is constructed only on a host with an RDMA port up, and waited for at most
+/// `init_timeout` (see `cuobj_ffi::client_within`): a mount never hangs on it.
+pub fn resolve_mode(
+    requested: RdmaMode,
+    endpoint_url: Option<&str>,
+    init_timeout: std::time::Duration,
+) -> Result<RdmaMode, String> {
     if requested == RdmaMode::Off {
         return Ok(RdmaMode::Off);
     }
-    let problem = match cuobj_ffi::client() {
+    let problem = match cuobj_ffi::client_within(init_timeout) {
         Err(e) => Some(e.to_string()),
         Ok(c) if !c.is_connected() => Some("cuObject found no usable RDMA device (check rdma_dev_addr_list in the file CUFILE_ENV_PATH_JSON names)".to_string()),
         Ok(_) => match cuobj_ffi::provider() {
@@ -46,13 +52,21 @@ pub fn resolve_mode(requested: RdmaMode, endpoint_url: Option<&str>) -> Result<R
     }
 }
 
-/// `s3rdma --version`: the version, the cuObject provider built in, and whether a usable RDMA
-/// device was found.
+/// `s3rdma --version`: the version, the cuObject provider built in and the library loaded, and
+/// whether a usable RDMA device was found (within `cuobj_ffi::DEFAULT_DEADLINE`, never a hang).
 pub fn version_report(version: &str) -> String {
     let provider = cuobj_ffi::provider();
+    let library = match (provider, cuobj_ffi::library()) {
+        (cuobj_ffi::Provider::Loopback, _) => "built in (loopback provider)".to_string(),
+        (_, Some((path, v))) => format!("libcuobjclient {v} ({})", path.display()),
+        (_, None) => "libcuobjclient (version unknown: not found in /proc/self/maps)".to_string(),
+    };
     let device = match cuobj_ffi::client() {
         Ok(c) if c.is_connected() => match provider {
-            cuobj_ffi::Provider::Nvidia => "usable RDMA device found".to_string(),
+            cuobj_ffi::Provider::Nvidia => match cuobj_ffi::rdma_device() {
+                Ok(d) => format!("usable ({d})"),
+                Err(_) => "usable".to_string(),
+            },
             cuobj_ffi::Provider::Loopback => {
                 "loopback (talks only to s3rdma-endpoint on this host)".to_string()
             }
@@ -63,7 +77,7 @@ pub fn version_report(version: &str) -> String {
         Err(e) => format!("none: {e}"),
     };
     format!(
-        "s3rdma {}\ncuObject provider: {provider}\nRDMA device: {device}\nmax registration: {} bytes\n",
+        "s3rdma {}\ncuObject provider: {provider}\ncuObject library: {library}\nRDMA device: {device}\nmax registration: {} bytes\n",
         version,
         cuobj_ffi::max_registration_size()
     )
@@ -94,20 +108,22 @@ mod tests {
         }
     }
 
+    const T: std::time::Duration = cuobj_ffi::DEFAULT_DEADLINE;
+
     // [S-RDMA-MODE]
     #[test]
     fn modes() {
-        assert_eq!(resolve_mode(RdmaMode::Off, None), Ok(RdmaMode::Off));
+        assert_eq!(resolve_mode(RdmaMode::Off, None, T), Ok(RdmaMode::Off));
         if cuobj_ffi::provider() == cuobj_ffi::Provider::Loopback {
             assert_eq!(
-                resolve_mode(RdmaMode::Auto, Some("https://s3.amazonaws.com")),
+                resolve_mode(RdmaMode::Auto, Some("https://s3.amazonaws.com"), T),
                 Ok(RdmaMode::Off)
             );
-            assert!(resolve_mode(RdmaMode::Required, None)
+            assert!(resolve_mode(RdmaMode::Required, None, T)
                 .unwrap_err()
                 .contains("loopback"));
             assert_eq!(
-                resolve_mode(RdmaMode::Required, Some("http://127.0.0.1:1")),
+                resolve_mode(RdmaMode::Required, Some("http://127.0.0.1:1"), T),
                 Ok(RdmaMode::Required)
             );
         }

@@ -59,6 +59,29 @@ pub struct TransportStats {
     pub requests_in_flight: AtomicU64,
     /// Whether the first decline has been logged at WARN (later ones log at DEBUG).
     pub warned_decline: std::sync::atomic::AtomicBool,
+    /// Times `rdma=auto` stopped sending tokens after declines in a row, and the requests
+    /// sent over HTTP meanwhile without trying RDMA.
+    pub rdma_pauses: AtomicU64,
+    pub rdma_paused_requests: AtomicU64,
+    pause: Mutex<Pause>,
+    /// Whether `pause` holds anything (declines or a pause): read without its lock on every
+    /// RDMA request.
+    pause_engaged: std::sync::atomic::AtomicBool,
+}
+
+/// Declines in a row before `rdma=auto` stops sending tokens for a while.
+pub const DECLINES_TO_PAUSE: u32 = 3;
+/// The first pause; each one that follows a failed retry doubles, up to [`MAX_PAUSE`].
+pub const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+pub const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The decline memory of `rdma=auto` (see [`TransportStats::rdma_paused`]).
+#[derive(Debug, Default)]
+struct Pause {
+    in_a_row: u32,
+    until: Option<std::time::Instant>,
+    /// The next pause's length (zero: [`FIRST_PAUSE`]).
+    next: std::time::Duration,
 }
 
 /// One S3 request under way: counted in `requests_in_flight` until dropped.
@@ -103,12 +126,77 @@ impl TransportStats {
             ));
         }
         Self::add(&self.fallbacks, 1);
-        tracing::warn!(
-            op,
-            key,
-            "endpoint declined RDMA; moving this request over HTTP"
-        );
+        if self.warned_decline.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                op,
+                key,
+                "endpoint declined RDMA; moving this request over HTTP"
+            );
+        } else {
+            tracing::warn!(
+                op,
+                key,
+                "endpoint declined RDMA; moving this request over HTTP (later declines log at DEBUG; see declines in s3rdma stats)"
+            );
+        }
+        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        self.pause_engaged.store(true, Ordering::Relaxed);
+        p.in_a_row += 1;
+        if p.in_a_row >= DECLINES_TO_PAUSE && p.until.is_none() {
+            let pause = if p.next.is_zero() {
+                FIRST_PAUSE
+            } else {
+                p.next
+            };
+            p.until = Some(std::time::Instant::now() + pause);
+            p.next = (pause * 2).min(MAX_PAUSE);
+            p.in_a_row = 0;
+            Self::add(&self.rdma_pauses, 1);
+            tracing::info!(
+                declines = DECLINES_TO_PAUSE,
+                pause_s = pause.as_secs(),
+                "the endpoint declined RDMA for several requests in a row: requests go over HTTP without trying RDMA for a while, then RDMA is tried again (rdma_pauses in s3rdma stats)"
+            );
+        }
         Ok(())
+    }
+
+    /// Whether `rdma=auto` should skip RDMA for the next request (it is then counted): the
+    /// endpoint declined [`DECLINES_TO_PAUSE`] in a row and the pause has not run out. When it
+    /// runs out, requests try RDMA again; a decline then pauses anew for twice as long (up to
+    /// [`MAX_PAUSE`]), a transfer over RDMA forgets it all.
+    pub fn rdma_paused(&self) -> bool {
+        self.paused_at(std::time::Instant::now())
+    }
+
+    fn paused_at(&self, now: std::time::Instant) -> bool {
+        if !self.pause_engaged.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        match p.until {
+            Some(t) if now < t => {
+                Self::add(&self.rdma_paused_requests, 1);
+                true
+            }
+            Some(_) => {
+                // Try again; the first decline pauses anew.
+                p.until = None;
+                p.in_a_row = DECLINES_TO_PAUSE - 1;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A transfer went over RDMA: the endpoint takes it.
+    pub fn rdma_worked(&self) {
+        if !self.pause_engaged.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        *p = Pause::default();
+        self.pause_engaged.store(false, Ordering::Relaxed);
     }
 
     pub fn add(counter: &AtomicU64, n: u64) {
@@ -119,7 +207,7 @@ impl TransportStats {
     pub fn summary(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "rdma_bytes_read={} rdma_bytes_written={} http_bytes_read={} http_bytes_written={} tokens={} declines={} fallbacks={} reply_errors={} requests_in_flight={}",
+            "rdma_bytes_read={} rdma_bytes_written={} http_bytes_read={} http_bytes_written={} tokens={} declines={} fallbacks={} rdma_pauses={} rdma_paused_requests={} reply_errors={} requests_in_flight={}",
             g(&self.rdma_bytes_read),
             g(&self.rdma_bytes_written),
             g(&self.http_bytes_read),
@@ -127,6 +215,8 @@ impl TransportStats {
             g(&self.tokens_minted),
             g(&self.declines),
             g(&self.fallbacks),
+            g(&self.rdma_pauses),
+            g(&self.rdma_paused_requests),
             g(&self.reply_errors),
             g(&self.requests_in_flight),
         )
@@ -234,4 +324,43 @@ pub fn judge_get(seen: &ReplySeen, asked: u64, accept_ceph: bool) -> Verdict {
 /// Judge what the interceptor recorded for a PUT / UploadPart.
 pub fn judge_put(seen: &ReplySeen) -> Verdict {
     reply::judge_put(seen.status, seen.reply.as_deref(), seen.etag.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    // [S-RDMA-DECLINE]
+    #[test]
+    fn declines_in_a_row_pause_rdma_for_longer_each_time_until_it_works() {
+        let st = TransportStats::default();
+        let decline = || st.decline(RdmaMode::Auto, "PutObject", "k").unwrap();
+        decline();
+        decline();
+        assert!(!st.rdma_paused());
+        decline();
+        let t = Instant::now();
+        assert!(st.paused_at(t));
+        assert!(st.paused_at(t + FIRST_PAUSE - Duration::from_secs(1)));
+        assert_eq!(st.rdma_pauses.load(Ordering::Relaxed), 1);
+        // Run out: RDMA is tried again; one more decline pauses twice as long.
+        assert!(!st.paused_at(t + FIRST_PAUSE + Duration::from_secs(1)));
+        decline();
+        let t = Instant::now();
+        assert!(st.paused_at(t + 2 * FIRST_PAUSE - Duration::from_secs(1)));
+        assert!(!st.paused_at(t + 2 * FIRST_PAUSE + Duration::from_secs(1)));
+        // A transfer over RDMA forgets it: three declines in a row are needed again.
+        st.rdma_worked();
+        decline();
+        decline();
+        assert!(!st.rdma_paused());
+        assert_eq!(st.rdma_pauses.load(Ordering::Relaxed), 2);
+        // Under rdma=required a decline is an error and pauses nothing.
+        let req = TransportStats::default();
+        for _ in 0..5 {
+            assert!(req.decline(RdmaMode::Required, "GetObject", "k").is_err());
+        }
+        assert!(!req.rdma_paused());
+    }
 }

@@ -128,8 +128,13 @@ impl S3Client {
         S3Client {
             client: aws_sdk_s3::Client::from_conf(conf),
             rdma_client: aws_sdk_s3::Client::from_conf(rdma_conf),
-            rdma: crate::mode::resolve_mode(opts.rdma, opts.endpoint_url.as_deref())
-                .unwrap_or(RdmaMode::Off),
+            // The mount resolved the mode first, with its own deadline: this answers at once.
+            rdma: crate::mode::resolve_mode(
+                opts.rdma,
+                opts.endpoint_url.as_deref(),
+                cuobj_ffi::DEFAULT_DEADLINE,
+            )
+            .unwrap_or(RdmaMode::Off),
             accept_206_200: opts.rdma_accept_206_200,
             stats: Arc::new(TransportStats::default()),
             bucket: opts.bucket.clone(),
@@ -287,6 +292,9 @@ impl ObjectStore for S3Client {
             offset: reg_offset,
             buf,
         } = win;
+        if self.rdma == RdmaMode::Auto && self.stats.rdma_paused() {
+            return self.get_range_into(key, etag, offset, buf).await;
+        }
         let len = buf.len();
         let end = offset + len as u64 - 1;
         let span = tracing::debug_span!(
@@ -333,6 +341,7 @@ impl ObjectStore for S3Client {
             match rdma::judge_get(&seen, len as u64, self.accept_206_200) {
                 Verdict::Done(n) if n == len as u64 => {
                     TransportStats::add(&self.stats.rdma_bytes_read, n);
+                    self.stats.rdma_worked();
                     Ok(())
                 }
                 Verdict::Done(n) => {
@@ -768,7 +777,10 @@ impl S3Client {
             return Ok(None);
         };
         let len = data.bytes().len();
-        if self.rdma == RdmaMode::Off || len == 0 {
+        if self.rdma == RdmaMode::Off
+            || len == 0
+            || (self.rdma == RdmaMode::Auto && self.stats.rdma_paused())
+        {
             return Ok(None);
         }
         let seen = Arc::new(Mutex::new(ReplySeen::default()));
@@ -789,6 +801,7 @@ impl S3Client {
                 match rdma::judge_put(&seen) {
                     Verdict::Done(_) => {
                         TransportStats::add(&self.stats.rdma_bytes_written, len as u64);
+                        self.stats.rdma_worked();
                         Ok(Some(out))
                     }
                     Verdict::Declined => self.decline(op, key).map(|()| None),

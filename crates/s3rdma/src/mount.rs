@@ -46,7 +46,11 @@ pub fn run(settings: Settings) -> ! {
 
     // Resolve rdma= once (auto may become off); the client then runs with what was resolved.
     let mut s3_opts = settings.s3.clone();
-    match s3rdma_client::mode::resolve_mode(s3_opts.rdma, s3_opts.endpoint_url.as_deref()) {
+    match s3rdma_client::mode::resolve_mode(
+        s3_opts.rdma,
+        s3_opts.endpoint_url.as_deref(),
+        settings.rdma_init_timeout,
+    ) {
         Ok(mode) => s3_opts.rdma = mode,
         Err(msg) => readiness.fail(&msg),
     }

@@ -103,6 +103,12 @@ pub struct Cli {
     #[arg(long, value_name = "MODE", value_parser = parse_rdma, help_heading = "S3")]
     pub rdma: Option<RdmaMode>,
 
+    /// How long constructing the cuObject client may take at start-up (only on a host with an
+    /// RDMA port up; cuFile can spin when the device does not answer): past it, rdma=auto
+    /// mounts over HTTP and rdma=required refuses to start; 100ms to 10min [default: 10s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3")]
+    pub rdma_init_timeout: Option<Duration>,
+
     /// Accept Ceph RGW's x-amz-rdma-reply 200 on an HTTP 206 ranged GET
     #[arg(long, help_heading = "S3")]
     pub rdma_accept_206_200: bool,
@@ -353,6 +359,7 @@ impl Cli {
             "prefix" => self.prefix = Some(need(value)?),
             "rdma" => self.rdma = Some(with_key(key, parse_rdma(&need(value)?))?),
             "rdma_accept_206_200" => self.rdma_accept_206_200 = flag(value)?,
+            "rdma_init_timeout" => self.rdma_init_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
             "max_attempts" => self.max_attempts = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "request_timeout" => self.request_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
             "read_only" | "ro" => self.read_only = flag(value)?,
@@ -433,6 +440,8 @@ pub struct Settings {
     pub prefix: String,
     pub mountpoint: PathBuf,
     pub s3: S3Options,
+    /// The deadline of the cuObject client's construction (`--rdma-init-timeout`).
+    pub rdma_init_timeout: Duration,
     pub fs: FsConfig,
     pub read_only: bool,
     pub allow_other: bool,
@@ -598,6 +607,12 @@ impl Settings {
             ));
         }
         let max_attempts = in_range("max attempts", cli.max_attempts, 6, 1, 100)?;
+        let rdma_init_timeout = cli.rdma_init_timeout.unwrap_or(Duration::from_secs(10));
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&rdma_init_timeout) {
+            return Err(format!(
+                "rdma init timeout {rdma_init_timeout:?} is out of range; use 100ms to 10min (default 10s)"
+            ));
+        }
         let request_timeout = cli.request_timeout.unwrap_or(Duration::from_secs(30));
         if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&request_timeout) {
             return Err(format!(
@@ -704,6 +719,7 @@ impl Settings {
                 rdma_accept_206_200: cli.rdma_accept_206_200,
                 static_credentials: None,
             },
+            rdma_init_timeout,
             fs: FsConfig {
                 uid: cli.uid.unwrap_or(uid),
                 gid: cli.gid.unwrap_or(gid),
@@ -838,7 +854,10 @@ mod tests {
             // Flags take no value; options take one that parses for their type.
             let sample = match key.as_str() {
                 "file_mode" | "dir_mode" => Some("0644"),
-                "metadata_ttl" | "negative_metadata_ttl" | "request_timeout" => Some("1s"),
+                "metadata_ttl"
+                | "negative_metadata_ttl"
+                | "request_timeout"
+                | "rdma_init_timeout" => Some("1s"),
                 "read_part_size"
                 | "max_prefetch"
                 | "cache_size"
@@ -928,6 +947,9 @@ mod tests {
             ("request_timeout", "50ms", "request timeout"),
             ("request_timeout", "2h", "request timeout"),
             ("request_timeout", "soon", "request timeout"),
+            ("rdma_init_timeout", "0s", "rdma init timeout"),
+            ("rdma_init_timeout", "11min", "rdma init timeout"),
+            ("rdma_init_timeout", "soon", "rdma init timeout"),
             ("uid", "4294967295", "uid"),
             ("uid", "4294967296", "uid"),
             ("uid", "root", "uid"),

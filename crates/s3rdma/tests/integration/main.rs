@@ -8,6 +8,7 @@ mod faults;
 mod layout;
 mod lifecycle;
 mod namespace;
+mod nvidia;
 mod rdma;
 mod read;
 mod security;
