@@ -1,5 +1,7 @@
-//! The cache's memory: one anonymous mapping, mlocked, registered with cuObject once per slab
-//! (a slab never exceeds the registration limit), cut into fixed-size blocks.
+//! The cache's memory: one anonymous mapping cut into fixed-size blocks. For RDMA it is mlocked
+//! and registered with cuObject once per slab (a slab never exceeds the registration limit);
+//! without RDMA nothing is locked, and the kernel gives the mapping pages only as blocks are
+//! first written, so a mount that reads little holds little.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -29,9 +31,10 @@ unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
 impl Arena {
-    /// Map `blocks * block_size` bytes, pin them, and (with `register`) register each slab with
-    /// cuObject. A failed mlock leaves the memory unpinned (`pinned() == false`); a failed
-    /// registration leaves that slab without RDMA.
+    /// Map `blocks * block_size` bytes; with `register` (RDMA), pin them and register each slab
+    /// with cuObject. A failed mlock leaves the memory unpinned (`pinned() == false`); a failed
+    /// registration leaves that slab without RDMA. Without `register` nothing is pinned: pages
+    /// come as blocks are first used.
     pub fn new(block_size: usize, blocks: usize, register: bool) -> Result<Arena, String> {
         if block_size == 0 || blocks == 0 {
             return Err("the cache needs at least one block".into());
@@ -42,8 +45,8 @@ impl Arena {
         let base =
             cuobj_ffi::map_anonymous(len).map_err(|e| format!("cannot map the cache: {e}"))?;
         let p = base.as_ptr().cast::<libc::c_void>();
-        // SAFETY: locking our own mapping.
-        let pinned = unsafe { libc::mlock(p, len) } == 0;
+        // SAFETY: locking our own mapping. Only RDMA needs it (registered memory must stay).
+        let pinned = register && unsafe { libc::mlock(p, len) } == 0;
         let mut arena = Arena {
             base,
             len,

@@ -196,7 +196,8 @@ impl<S: ObjectStore> Cache<S> {
     ) -> Result<Cache<S>, String> {
         let rdma = s3.rdma_mode() != RdmaMode::Off;
         let arena = Arena::new(block_size, blocks, rdma)?;
-        if !arena.pinned() {
+        // Only RDMA pins the cache (over HTTP its pages come as blocks are first used).
+        if rdma && !arena.pinned() {
             if s3.rdma_mode() == RdmaMode::Required {
                 return Err(format!(
                     "cannot pin the {}-byte cache (mlock failed: RLIMIT_MEMLOCK too low?) and rdma=required; raise the limit (ulimit -l, LimitMEMLOCK= in systemd) or lower --cache-size",

@@ -182,6 +182,38 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+// [S-MEM-IDLE]
+#[test]
+fn an_http_mount_takes_memory_as_it_is_used() {
+    let b = bucket("idle-rss");
+    let data = pattern(48 << 20, 5);
+    put(&b, "f", data.clone());
+    let m = Mount::new(
+        &b,
+        &[
+            "--rdma",
+            "off",
+            "--cache-size",
+            "512MiB",
+            "--write-buffer-size",
+            "256MiB",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = rss_kib(m.pid());
+    eprintln!(
+        "idle RSS {} MiB with a 512 MiB cache and 256 MiB of write buffers",
+        idle >> 10
+    );
+    assert!(idle < 32 << 10, "an idle HTTP mount holds {idle} KiB");
+    assert!(read_all(&m.join("f")) == data);
+    let used = rss_kib(m.pid());
+    assert!(
+        used > idle + (32 << 10) && used < 512 << 10,
+        "after reading 48 MiB: {used} KiB (idle {idle} KiB)"
+    );
+}
+
 // [S-CACHE-MEMORY]
 #[test]
 fn daemon_memory_stays_within_the_cache_and_write_buffers() {
