@@ -1,7 +1,7 @@
 //! s3rdma's filesystem: everything between the kernel's FUSE requests and the object store,
 //! generic over the store so that it runs on the in-memory store in tests.
 //!
-//! - [`cache`]: the pinned, registered page cache (arena, admission, eviction).
+//! - [`cache`]: the page cache (arena, pinned and registered for RDMA; admission, eviction).
 //! - [`read`]: object readers (ETag-pinned ranged GETs, read-ahead).
 //! - [`upload`]: the write pool and streaming multipart uploads.
 //! - [`diskcache`]: the local disk cache served by FUSE passthrough.
@@ -22,5 +22,24 @@ pub fn rdma_live_summary() -> String {
     format!(
         "rdma_registrations={} rdma_registered_bytes={} rdma_tokens_live={}",
         l.registrations, l.registered_bytes, l.tokens
+    )
+}
+
+/// This process's resident memory (`resident_bytes=…`, from /proc/self/statm), and how much of
+/// the page cache and the write pool is pinned (`cache_pinned_bytes=…`, `write_pinned_bytes=…`;
+/// 0 without RDMA, where they take memory as used).
+pub fn memory_summary(cache: &cache::arena::Arena, pool: Option<&cache::arena::Arena>) -> String {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let resident = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * page;
+    let pinned = |a: &cache::arena::Arena| if a.pinned() { a.len() } else { 0 };
+    format!(
+        "resident_bytes={resident} cache_pinned_bytes={} write_pinned_bytes={}",
+        pinned(cache),
+        pool.map_or(0, pinned)
     )
 }

@@ -223,6 +223,11 @@ impl<S: ObjectStore> Cache<S> {
         })
     }
 
+    /// The cache's memory (for `s3rdma stats`).
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
     pub fn block_size(&self) -> usize {
         self.arena.block_size()
     }

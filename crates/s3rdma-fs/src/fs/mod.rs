@@ -968,10 +968,14 @@ impl<S: ObjectStore> S3Fs<S> {
             .map(|a| a.summary())
             .unwrap_or_default();
         format!(
-            "{} {} {writes} {stage} {disk} {} {} open_files={files} files_being_written={writing} {}",
+            "{} {} {writes} {stage} {disk} {} {} {} open_files={files} files_being_written={writing} {}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
             self.attrs.summary(),
+            crate::memory_summary(
+                self.cache.arena(),
+                self.writes.uploader.as_ref().map(|u| u.pool.arena())
+            ),
             crate::rdma_live_summary(),
             self.failures.summary(),
         )

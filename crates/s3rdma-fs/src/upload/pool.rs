@@ -68,6 +68,11 @@ impl WritePool {
         })
     }
 
+    /// The pool's memory (for `s3rdma stats`).
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
     pub fn block_size(&self) -> usize {
         self.arena.block_size()
     }

@@ -212,6 +212,15 @@ fn an_http_mount_takes_memory_as_it_is_used() {
         used > idle + (32 << 10) && used < 512 << 10,
         "after reading 48 MiB: {used} KiB (idle {idle} KiB)"
     );
+    // `s3rdma stats` says so: nothing pinned, resident what the kernel counts.
+    let stats = mount_stats(&m.path);
+    assert_eq!(stat_value(&stats, "cache_pinned_bytes"), 0);
+    assert_eq!(stat_value(&stats, "write_pinned_bytes"), 0);
+    let resident = stat_value(&stats, "resident_bytes") >> 10;
+    assert!(
+        resident > used / 2 && resident < used * 2,
+        "resident_bytes {resident} KiB, VmRSS {used} KiB"
+    );
 }
 
 // [S-CACHE-MEMORY]
@@ -263,6 +272,10 @@ fn daemon_memory_stays_within_the_cache_and_write_buffers() {
         "the pinned cache and write buffers must be resident ({peak} KiB)"
     );
     assert!(peak < bound, "peak RSS {peak} KiB exceeds {bound} KiB");
+    // This mount uses RDMA (loopback provider, endpoint on this host): both are pinned.
+    let stats = mount_stats(&m.path);
+    assert_eq!(stat_value(&stats, "cache_pinned_bytes"), cache_mib << 20);
+    assert_eq!(stat_value(&stats, "write_pinned_bytes"), write_mib << 20);
     assert_eq!(
         backend_get(&b, "copy").map(|c| c.len()),
         Some(256 << 20),
