@@ -48,32 +48,15 @@ pub fn rdma_device() -> Result<String, String> {
 
 /// The first port in state ACTIVE under `root` (`/sys/class/infiniband`).
 pub(crate) fn active_port(root: &Path) -> Result<String, String> {
-    let devices = std::fs::read_dir(root).map_err(|_| {
+    let devices = sorted_entries(root).ok_or_else(|| {
         format!(
             "no RDMA device on this host ({} does not exist: no RDMA NIC, or its driver is not loaded)",
             root.display()
         )
     })?;
     let mut seen = Vec::new();
-    let mut names: Vec<PathBuf> = devices.filter_map(|d| d.ok().map(|d| d.path())).collect();
-    names.sort();
-    for dev in names {
-        let name = dev
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        let Ok(ports) = std::fs::read_dir(dev.join("ports")) else {
-            continue;
-        };
-        let mut ports: Vec<PathBuf> = ports.filter_map(|p| p.ok().map(|p| p.path())).collect();
-        ports.sort();
-        for port in ports {
-            let n = port
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
+    for (name, dev) in devices {
+        for (n, port) in sorted_entries(&dev.join("ports")).unwrap_or_default() {
             let state = std::fs::read_to_string(port.join("state")).unwrap_or_default();
             if state.contains("ACTIVE") && !state.contains("INACTIVE") {
                 return Ok(format!("{name} port {n}"));
@@ -92,6 +75,17 @@ pub(crate) fn active_port(root: &Path) -> Result<String, String> {
             seen.join(", ")
         ))
     }
+}
+
+/// The entries of `dir` (name, path), sorted by name; `None` if it cannot be read.
+fn sorted_entries(dir: &Path) -> Option<Vec<(String, PathBuf)>> {
+    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .collect();
+    v.sort();
+    Some(v)
 }
 
 /// The client, constructed on first use within `deadline` (see the module comment); later

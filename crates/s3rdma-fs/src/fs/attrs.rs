@@ -173,9 +173,15 @@ impl<S: ObjectStore> Writeback<S> {
         self.defer(p.inode.clone(), p.base, &change);
     }
 
-    /// Count changes a rename carried.
-    pub fn folded(&self) {
-        self.folded.fetch_add(1, Ordering::Relaxed);
+    /// What became of changes a rename took: carried in its copy, or dropped because the copy
+    /// was of a newer version another client stored (which keeps its own attributes).
+    pub fn renamed(&self, p: &Pending, carried: bool) {
+        if carried {
+            self.folded.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            warn!(key = %p.inode.key, change = ?p.change, "the object was replaced by another client before the attributes set here were written back; the renamed newer version keeps its own");
+        }
     }
 
     /// Write back the changes of `ino` now (fsync, open for writing, truncate); an error is

@@ -343,8 +343,8 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         };
         let meta = with_changes(&info);
-        if pending.is_some() {
-            self.attrs.folded();
+        if let Some(p) = &pending {
+            self.attrs.renamed(p, p.base.etag == info.etag);
         }
         if let Err(e) = self.rt.block_on(self.s3.delete_object(&src.key)) {
             // The copy exists; the source could not be removed: both names now exist.

@@ -42,6 +42,27 @@ fn assuming_a_device() -> Command {
     cmd
 }
 
+/// Start `cmd` on bucket `b` with `args`: it must exit non-zero within `limit`, mount nothing
+/// and say why in one error line, which is returned.
+fn refused(mut cmd: Command, b: &str, args: &[&str], limit: Duration) -> String {
+    let mnt = mountpoint();
+    cmd.arg(b)
+        .arg(&mnt)
+        .args(["--endpoint-url", &server().endpoint, "--force-path-style"])
+        .args(args);
+    let started = Instant::now();
+    let (code, err) = run_to_end(cmd, Duration::from_secs(30));
+    assert!(started.elapsed() < limit, "took {:?}", started.elapsed());
+    assert_ne!(code, 0, "{err}");
+    assert!(!is_mounted(&mnt));
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("s3rdma: error:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    lines[0].to_string()
+}
+
 // [S-RDMA-NOHANG]
 #[test]
 fn the_nvidia_binary_starts_and_names_the_library_it_loaded() {
@@ -90,27 +111,16 @@ fn without_a_device_auto_mounts_over_http_and_required_refuses_in_one_line() {
     assert_eq!(unmount_counter(&log, "tokens"), 0);
     assert!(unmount_counter(&log, "http_bytes_written") >= 3 << 20);
 
-    let mnt = mountpoint();
-    let mut cmd = s3rdma();
-    cmd.arg(&b)
-        .arg(&mnt)
-        .args(["--endpoint-url", &server().endpoint, "--force-path-style"])
-        .args(["--rdma", "required"]);
-    let started = Instant::now();
-    let (code, err) = run_to_end(cmd, Duration::from_secs(30));
-    assert!(started.elapsed() < Duration::from_secs(10));
-    assert_ne!(code, 0, "{err}");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("s3rdma: error:"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert!(
-        lines[0].contains("rdma=required cannot be honoured")
-            && lines[0].contains("no RDMA device"),
-        "{err}"
+    let line = refused(
+        s3rdma(),
+        &b,
+        &["--rdma", "required"],
+        Duration::from_secs(10),
     );
-    assert!(!is_mounted(&mnt));
+    assert!(
+        line.contains("rdma=required cannot be honoured") && line.contains("no RDMA device"),
+        "{line}"
+    );
 }
 
 // [S-RDMA-NOHANG]
@@ -141,20 +151,15 @@ fn a_construction_that_does_not_return_is_abandoned_at_the_deadline() {
     );
     drop(m);
     // required: refused, in bounded time.
-    let mnt = mountpoint();
-    let mut cmd = assuming_a_device();
-    cmd.arg(&b)
-        .arg(&mnt)
-        .args(["--endpoint-url", &server().endpoint, "--force-path-style"])
-        .args(["--rdma", "required", "--rdma-init-timeout", "2s"]);
-    let started = Instant::now();
-    let (code, err) = run_to_end(cmd, Duration::from_secs(30));
-    assert!(started.elapsed() < Duration::from_secs(15));
-    assert_ne!(code, 0, "{err}");
-    assert!(
-        err.contains("rdma=required cannot be honoured")
-            && err.contains("did not return within 2s"),
-        "{err}"
+    let line = refused(
+        assuming_a_device(),
+        &b,
+        &["--rdma", "required", "--rdma-init-timeout", "2s"],
+        Duration::from_secs(15),
     );
-    assert!(!is_mounted(&mnt));
+    assert!(
+        line.contains("rdma=required cannot be honoured")
+            && line.contains("did not return within 2s"),
+        "{line}"
+    );
 }

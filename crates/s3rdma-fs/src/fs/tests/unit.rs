@@ -479,6 +479,35 @@ fn fsync_and_opens_for_writing_write_attributes_back_first_and_unlink_drops_them
     assert!(!exists(&fx.store, "f"));
 }
 
+// [S-NS-ATTR-WRITEBACK]
+#[test]
+fn a_rename_carries_changes_made_on_the_version_it_copies_and_no_other() {
+    let fx = trusting();
+    fx.write("a", b"mine").unwrap();
+    fx.setattr("a", chmod(0o600)).unwrap();
+    fx.rename("a", "b").unwrap();
+    assert_eq!(fx.mem().info("b").unwrap().meta.unwrap().mode, Some(0o600));
+    assert!(fx
+        .fs
+        .stats_text()
+        .contains("attr_changes_folded_into_renames 1\n"));
+    // Replaced by another client before the rename: the rename copies their version, whose
+    // attributes stay as they are, and the change made on ours is dropped (counted).
+    fx.setattr("b", chmod(0o640)).unwrap();
+    fx.mem().put_external("b", b"theirs");
+    fx.rename("b", "c").unwrap();
+    assert_eq!(fx.mem().data("c").unwrap(), b"theirs");
+    assert_eq!(fx.mem().info("c").unwrap().meta.and_then(|m| m.mode), None);
+    let stats = fx.fs.stats_text();
+    assert!(
+        stats.contains("attr_changes_folded_into_renames 1\n"),
+        "{stats}"
+    );
+    assert!(stats.contains("attr_writebacks_dropped 1\n"), "{stats}");
+    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.mem().info("c").unwrap().meta.and_then(|m| m.mode), None);
+}
+
 // [S-NS-ATTR-WRITEBACK] [S-NS-KNOWN-DIRS] [S-NS-RSYNC]
 #[test]
 fn rsyncs_file_costs_a_put_a_copy_and_a_delete() {
