@@ -140,6 +140,12 @@ impl<S: ObjectStore> Writeback<S> {
         }
     }
 
+    /// Whether changes of `ino` wait to be written back, or are being.
+    pub fn holds(&self, ino: u64) -> bool {
+        let t = self.lock();
+        t.pending.contains_key(&ino) || t.running.contains(&ino)
+    }
+
     /// What `stat` shows of `ino` whose known state is `stat`: the pending changes over it,
     /// if they were made on this version.
     pub fn overlay(&self, ino: u64, stat: &Stat) -> Option<Stat> {
@@ -180,7 +186,7 @@ impl<S: ObjectStore> Writeback<S> {
             self.folded.fetch_add(1, Ordering::Relaxed);
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            warn!(key = %p.inode.key, change = ?p.change, "the object was replaced by another client before the attributes set here were written back; the renamed newer version keeps its own");
+            warn!(key = %p.inode.key(), change = ?p.change, "the object was replaced by another client before the attributes set here were written back; the renamed newer version keeps its own");
         }
     }
 
@@ -246,7 +252,7 @@ impl<S: ObjectStore> Writeback<S> {
 
     /// The copy onto itself, conditional on the base version.
     async fn copy(&self, p: &Pending) -> Result<(), i32> {
-        let key = &p.inode.key;
+        let key = p.inode.key();
         let meta = p.meta();
         match self
             .s3

@@ -156,6 +156,13 @@ impl ListingCache {
         l
     }
 
+    /// Directory `ino` left the inode table: its listing goes with it.
+    pub fn forget(&self, ino: u64) {
+        if let Some(c) = &self.cache {
+            c.invalidate(&ino);
+        }
+    }
+
     /// This mount is changing the namespace: no listing taken before the change (or during
     /// it, see [`NamespaceChange`]) is used again.
     pub fn changed(&self) {

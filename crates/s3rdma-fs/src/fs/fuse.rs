@@ -104,6 +104,14 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         }
     }
 
+    /// FORGET, and each node of a BATCH_FORGET (fuser 0.18 keeps the batch's node type
+    /// private: its default `batch_forget` calls this per node).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _s = debug_span!("fuse", op = "forget", ino = ino.0, nlookup).entered();
+        self.do_forget(ino.0, nlookup);
+        self.retry_pinned();
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _s = debug_span!("fuse", op = "getattr", ino = ino.0).entered();
         match self.do_getattr(ino.0) {
@@ -176,6 +184,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         self.do_release(fh.0);
         reply.ok();
+        self.retry_pinned();
     }
 
     fn create(
@@ -403,6 +412,11 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         };
         let ttl = entries.ttl;
         for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
+            // The kernel counts each entry but `.` and `..` (until FORGET): counted before the
+            // reply goes, and taken back for the one that did not fit.
+            if let Some(inode) = &e.inode {
+                self.handed(inode);
+            }
             if reply.add(
                 e.attr.ino,
                 i as u64 + 1,
@@ -411,6 +425,9 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                 &e.attr,
                 Generation(0),
             ) {
+                if let Some(inode) = &e.inode {
+                    self.do_forget(inode.ino, 1);
+                }
                 break;
             }
         }

@@ -1,12 +1,25 @@
-//! The inode table: numbers handed to the kernel, stable for the life of the mount.
+//! The inode table: the numbers handed to the kernel, and what the mount knows of each.
 //!
-//! A (parent, name) pair keeps its inode number for as long as the mount lives, as long as it
-//! keeps its kind; a name that turns from file into directory (or back) gets a new number, so the
-//! kernel never sees an inode change type. Entries are never reused.
+//! The kernel counts the entries it was given (each LOOKUP, CREATE, MKDIR, SYMLINK, LINK reply
+//! and each READDIRPLUS entry but `.` and `..`) and gives them back with FORGET. An entry the
+//! kernel holds keeps its number, as does any entry something in this mount still needs (an
+//! open or staged file, a directory made here, attribute changes not yet written back: the
+//! caller's `pinned`), and a directory while it has children in the table. Everything else is
+//! dropped when the kernel forgets it; a later lookup of the name gets a new number. Numbers
+//! are never reused, and a name that changes kind (file to directory or back) gets a new one,
+//! so the kernel never sees an inode change type. [S-NS-FORGET]
+//!
+//! Memory per entry is what a walk of millions of files costs: an entry holds its key once
+//! (its name is the key's last component, a slice of it), and a directory's children are a
+//! table of the children themselves, hashed by that name — no second copy of any string.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
+
+use hashbrown::HashTable;
 
 use s3rdma_client::{FileMeta, ObjectInfo};
 
@@ -97,15 +110,60 @@ pub struct InodeState {
 pub struct Inode {
     pub ino: u64,
     pub parent: u64,
-    pub name: String,
     pub kind: Kind,
-    /// A file's object key, or a directory's key prefix (ending in `/`, or empty for the root of
-    /// a whole-bucket mount).
-    pub key: String,
+    /// The key, then the name if the key does not end with it (see [`Inode::name`]).
+    text: Box<str>,
+    key_len: u32,
+    name_at: u32,
+    name_len: u32,
+    /// Entries of this inode the kernel holds (given minus forgotten).
+    lookups: AtomicU64,
     state: Mutex<InodeState>,
 }
 
 impl Inode {
+    /// `key`: a file's object key, or a directory's key prefix (ending in `/`, or empty for the
+    /// root of a whole-bucket mount). `name` is its last component, so it is kept as a slice of
+    /// the key.
+    fn new(ino: u64, parent: u64, name: &str, kind: Kind, key: String, state: InodeState) -> Self {
+        let stem = key.strip_suffix('/').unwrap_or(&key);
+        let key_len = key.len();
+        let (text, name_at) = if stem.ends_with(name) {
+            let at = stem.len() - name.len();
+            (key, at)
+        } else {
+            // Not seen (a child's key is its parent's prefix and its name), but kept right.
+            (key + name, key_len)
+        };
+        Inode {
+            ino,
+            parent,
+            kind,
+            text: text.into_boxed_str(),
+            key_len: key_len as u32,
+            name_at: name_at as u32,
+            name_len: name.len() as u32,
+            lookups: AtomicU64::new(0),
+            state: Mutex::new(state),
+        }
+    }
+
+    /// A file's object key, or a directory's key prefix.
+    pub fn key(&self) -> &str {
+        &self.text[..self.key_len as usize]
+    }
+
+    /// The name in its parent directory.
+    pub fn name(&self) -> &str {
+        let at = self.name_at as usize;
+        &self.text[at..at + self.name_len as usize]
+    }
+
+    /// Entries of this inode the kernel holds.
+    pub fn kernel_refs(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
     /// The cached stat, if still within its TTL.
     pub fn fresh_stat(&self, now: Instant) -> Option<Stat> {
         let st = self.lock();
@@ -166,36 +224,102 @@ impl Inode {
     }
 }
 
-#[derive(Debug)]
+/// A directory's children, hashed by name (the name lives in the child).
+type Children = HashTable<Arc<Inode>>;
+
 struct Tables {
     by_ino: HashMap<u64, Arc<Inode>>,
-    children: HashMap<(u64, String), u64>,
+    /// The named children of each directory that has any.
+    dirs: HashMap<u64, Children>,
+    /// Inodes the kernel forgot that something still pinned: tried again later.
+    deferred: HashSet<u64>,
     next_ino: u64,
+    hasher: std::collections::hash_map::RandomState,
 }
 
-#[derive(Debug)]
+impl Tables {
+    fn find(&self, parent: u64, name: &str) -> Option<&Arc<Inode>> {
+        let h = self.hasher.hash_one(name);
+        self.dirs.get(&parent)?.find(h, |c| c.name() == name)
+    }
+
+    /// Give `inode` its name in its parent, replacing whatever had it.
+    fn link(&mut self, inode: &Arc<Inode>) {
+        let h = self.hasher.hash_one(inode.name());
+        let hasher = &self.hasher;
+        let table = self.dirs.entry(inode.parent).or_default();
+        match table.find_mut(h, |c| c.name() == inode.name()) {
+            Some(slot) => *slot = inode.clone(),
+            None => {
+                table.insert_unique(h, inode.clone(), |c| hasher.hash_one(c.name()));
+            }
+        }
+    }
+
+    /// Take `inode`'s name from its parent, if the name is still its own.
+    fn unlink(&mut self, inode: &Inode) {
+        let h = self.hasher.hash_one(inode.name());
+        let Some(table) = self.dirs.get_mut(&inode.parent) else {
+            return;
+        };
+        if let Ok(e) = table.find_entry(h, |c| c.ino == inode.ino) {
+            e.remove();
+        }
+        if table.is_empty() {
+            self.dirs.remove(&inode.parent);
+        }
+    }
+
+    fn is_live(&self, ino: u64) -> bool {
+        self.by_ino
+            .get(&ino)
+            .is_some_and(|i| i.kernel_refs() > 0 || self.dirs.contains_key(&ino))
+    }
+}
+
+/// What [`InodeTable::forget`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Entries dropped (the inode, children the kernel never held, parents kept only for it).
+    pub dropped: usize,
+    /// Directories whose entries went: their listings and known names go too.
+    pub dirs: Vec<u64>,
+    /// Names dropped from directories that stay: (parent, name).
+    pub names: Vec<(u64, String)>,
+}
+
 pub struct InodeTable {
     inner: RwLock<Tables>,
+}
+
+impl std::fmt::Debug for InodeTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InodeTable")
+            .field("len", &self.len())
+            .finish()
+    }
 }
 
 impl InodeTable {
     /// A table holding only the root directory, whose key prefix is `root_prefix`.
     pub fn new(root_prefix: &str) -> Self {
-        let root = Arc::new(Inode {
-            ino: ROOT_INO,
-            parent: ROOT_INO,
-            name: String::new(),
-            kind: Kind::Dir,
-            key: root_prefix.to_string(),
-            state: Mutex::new(InodeState::default()),
-        });
+        let root = Arc::new(Inode::new(
+            ROOT_INO,
+            ROOT_INO,
+            "",
+            Kind::Dir,
+            root_prefix.to_string(),
+            InodeState::default(),
+        ));
         let mut by_ino = HashMap::new();
         by_ino.insert(ROOT_INO, root);
         InodeTable {
             inner: RwLock::new(Tables {
                 by_ino,
-                children: HashMap::new(),
+                dirs: HashMap::new(),
+                deferred: HashSet::new(),
                 next_ino: ROOT_INO + 1,
+                hasher: Default::default(),
             }),
         }
     }
@@ -204,11 +328,9 @@ impl InodeTable {
         self.read().by_ino.get(&ino).cloned()
     }
 
-    /// The child `name` of `parent`, if one was ever looked up or listed.
+    /// The child `name` of `parent`, if the table has one.
     pub fn child(&self, parent: u64, name: &str) -> Option<Arc<Inode>> {
-        let t = self.read();
-        let ino = t.children.get(&(parent, name.to_string()))?;
-        t.by_ino.get(ino).cloned()
+        self.read().find(parent, name).cloned()
     }
 
     /// The inode for `name` in `parent` with this kind: the existing one if it has the same kind,
@@ -221,31 +343,33 @@ impl InodeTable {
         }
         let mut t = self.write();
         // Re-check under the write lock: another thread may have won the race.
-        if let Some(ino) = t.children.get(&(parent, name.to_string())) {
-            if let Some(existing) = t.by_ino.get(ino) {
-                if existing.kind == kind {
-                    return existing.clone();
-                }
+        if let Some(existing) = t.find(parent, name) {
+            if existing.kind == kind {
+                return existing.clone();
             }
         }
         let ino = t.next_ino;
         t.next_ino += 1;
-        let inode = Arc::new(Inode {
+        let inode = Arc::new(Inode::new(
             ino,
             parent,
-            name: name.to_string(),
+            name,
             kind,
             key,
-            state: Mutex::new(InodeState::default()),
-        });
+            InodeState::default(),
+        ));
         t.by_ino.insert(ino, inode.clone());
-        t.children.insert((parent, name.to_string()), ino);
+        t.link(&inode);
         inode
     }
 
-    /// Forget the name `name` in `parent` (the inode itself stays reachable by number).
+    /// Forget the name `name` in `parent` (the inode itself stays reachable by number while
+    /// the kernel holds it).
     pub fn remove_child(&self, parent: u64, name: &str) {
-        self.write().children.remove(&(parent, name.to_string()));
+        let mut t = self.write();
+        if let Some(child) = t.find(parent, name).cloned() {
+            t.unlink(&child);
+        }
     }
 
     /// Move inode `ino` to `name` in `new_parent` with key `key` (after a rename): the same
@@ -254,24 +378,158 @@ impl InodeTable {
         let mut t = self.write();
         let old = t.by_ino.get(&ino)?.clone();
         let state = old.lock();
-        let moved = Arc::new(Inode {
+        let moved = Arc::new(Inode::new(
             ino,
-            parent: new_parent,
-            name: name.to_string(),
-            kind: old.kind,
+            new_parent,
+            name,
+            old.kind,
             key,
-            state: Mutex::new(InodeState {
+            InodeState {
                 stat: state.stat.clone(),
                 valid_until: state.valid_until,
                 asked_at: None,
                 opened_etag: None,
-            }),
-        });
+            },
+        ));
         drop(state);
-        t.children.remove(&(old.parent, old.name.clone()));
-        t.children.insert((new_parent, name.to_string()), ino);
+        // The kernel keeps its entries of the moved inode (under the write lock: no
+        // `remember` or `forget` runs meanwhile).
+        moved
+            .lookups
+            .store(old.lookups.load(Ordering::Relaxed), Ordering::Relaxed);
+        t.unlink(&old);
+        t.link(&moved);
         t.by_ino.insert(ino, moved.clone());
         Some(moved)
+    }
+
+    /// The kernel was handed an entry of `inode` (a reply on its way). An inode dropped since
+    /// it was found (a FORGET of an earlier entry raced this reply) is taken back, by number,
+    /// and by name if no other inode took the name meanwhile.
+    pub fn remember(&self, inode: &Arc<Inode>) {
+        {
+            let t = self.read();
+            if let Some(cur) = t.by_ino.get(&inode.ino) {
+                cur.lookups.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let mut t = self.write();
+        if let Some(cur) = t.by_ino.get(&inode.ino) {
+            cur.lookups.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        inode.lookups.store(1, Ordering::Relaxed);
+        t.by_ino.insert(inode.ino, inode.clone());
+        if t.by_ino.contains_key(&inode.parent) && t.find(inode.parent, inode.name()).is_none() {
+            t.link(inode);
+        }
+    }
+
+    /// The kernel forgot `n` entries of `ino`. When it holds none any more, the inode is
+    /// dropped unless `pinned` says something in this mount still needs it (then it is tried
+    /// again by [`InodeTable::retry_deferred`]); children the kernel never held go with a
+    /// directory, and a parent kept only for this child goes with it.
+    pub fn forget(&self, ino: u64, n: u64, pinned: &dyn Fn(u64) -> bool) -> Forgotten {
+        {
+            let t = self.read();
+            let Some(i) = t.by_ino.get(&ino) else {
+                return Forgotten::default();
+            };
+            let before = i
+                .lookups
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                    Some(l.saturating_sub(n))
+                })
+                .unwrap_or(0);
+            if before > n {
+                return Forgotten::default();
+            }
+        }
+        let mut out = Forgotten::default();
+        self.collect(ino, pinned, &mut out);
+        out
+    }
+
+    /// Try again the inodes whose drop something pinned.
+    pub fn retry_deferred(&self, pinned: &dyn Fn(u64) -> bool) -> Forgotten {
+        let inos: Vec<u64> = std::mem::take(&mut self.write().deferred)
+            .into_iter()
+            .collect();
+        let mut out = Forgotten::default();
+        for ino in inos {
+            self.collect(ino, pinned, &mut out);
+        }
+        out
+    }
+
+    /// Inodes forgotten by the kernel but kept because something pinned them.
+    pub fn deferred(&self) -> usize {
+        self.read().deferred.len()
+    }
+
+    /// Drop `ino` (and what goes with it) if nothing holds it.
+    fn collect(&self, mut ino: u64, pinned: &dyn Fn(u64) -> bool, out: &mut Forgotten) {
+        while ino != ROOT_INO {
+            // What would go: the inode and its children the kernel never held. Pins are asked
+            // without the table's lock (they take locks of their own).
+            let (inode, children) = {
+                let t = self.read();
+                let Some(inode) = t.by_ino.get(&ino).cloned() else {
+                    return;
+                };
+                if inode.kernel_refs() > 0 {
+                    return;
+                }
+                let children: Vec<Arc<Inode>> = t
+                    .dirs
+                    .get(&ino)
+                    .map(|c| c.iter().cloned().collect())
+                    .unwrap_or_default();
+                if children.iter().any(|c| t.is_live(c.ino)) {
+                    return;
+                }
+                (inode, children)
+            };
+            if pinned(ino) || children.iter().any(|c| pinned(c.ino)) {
+                self.write().deferred.insert(ino);
+                return;
+            }
+            let mut t = self.write();
+            // Re-check: an entry may have been handed out, or a child added, meanwhile.
+            let same = t.by_ino.get(&ino).is_some_and(|i| Arc::ptr_eq(i, &inode));
+            let kids_now = t.dirs.get(&ino).map_or(0, |c| c.len());
+            if !same
+                || inode.kernel_refs() > 0
+                || kids_now != children.len()
+                || children.iter().any(|c| t.is_live(c.ino))
+            {
+                return;
+            }
+            for c in &children {
+                if t.by_ino.get(&c.ino).is_some_and(|i| Arc::ptr_eq(i, c)) {
+                    t.by_ino.remove(&c.ino);
+                }
+                t.deferred.remove(&c.ino);
+            }
+            t.dirs.remove(&ino);
+            t.by_ino.remove(&ino);
+            t.deferred.remove(&ino);
+            t.unlink(&inode);
+            out.dropped += 1 + children.len();
+            if inode.kind == Kind::Dir {
+                out.dirs.push(ino);
+            }
+            let parent = inode.parent;
+            let parent_kept = t.by_ino.contains_key(&parent);
+            drop(t);
+            if !parent_kept {
+                return;
+            }
+            out.names.push((parent, inode.name().to_string()));
+            // The parent may have been kept only for this child.
+            ino = parent;
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -340,7 +598,7 @@ mod tests {
         assert_eq!(t.get(a.ino).map(|i| i.kind), Some(Kind::File));
         assert_eq!(t.child(ROOT_INO, "a").map(|i| i.ino), Some(a_dir.ino));
         assert_eq!(
-            t.get(ROOT_INO).map(|i| i.key.clone()),
+            t.get(ROOT_INO).map(|i| i.key().to_string()),
             Some("p/".to_string())
         );
     }
@@ -363,5 +621,119 @@ mod tests {
         f.invalidate();
         assert!(f.fresh_stat(now).is_none());
         assert_eq!(f.last_stat(), Some(s));
+    }
+
+    const NOTHING_PINNED: &dyn Fn(u64) -> bool = &|_| false;
+
+    #[test]
+    fn an_entry_keeps_its_key_once_and_its_name_as_a_slice_of_it() {
+        let t = InodeTable::new("p/");
+        let d = t.upsert_child(ROOT_INO, "d", Kind::Dir, "p/d/".into());
+        assert_eq!((d.name(), d.key()), ("d", "p/d/"));
+        let f = t.upsert_child(d.ino, "f.bin", Kind::File, "p/d/f.bin".into());
+        assert_eq!((f.name(), f.key()), ("f.bin", "p/d/f.bin"));
+        assert_eq!(f.text.len(), "p/d/f.bin".len());
+        // A key that does not end with the name keeps both.
+        let odd = t.upsert_child(d.ino, "x", Kind::File, "elsewhere/y".into());
+        assert_eq!((odd.name(), odd.key()), ("x", "elsewhere/y"));
+        assert_eq!(t.child(d.ino, "x").map(|i| i.ino), Some(odd.ino));
+    }
+
+    // [S-NS-FORGET]
+    #[test]
+    fn entries_the_kernel_forgot_are_dropped_with_what_only_they_kept() {
+        let t = InodeTable::new("");
+        let d = t.upsert_child(ROOT_INO, "d", Kind::Dir, "d/".into());
+        t.remember(&d);
+        let f = t.upsert_child(d.ino, "f", Kind::File, "d/f".into());
+        t.remember(&f);
+        t.remember(&f);
+        // Listed, never handed to the kernel.
+        let g = t.upsert_child(d.ino, "g", Kind::File, "d/g".into());
+        assert_eq!(t.len(), 4);
+        // The directory stays while the kernel holds a child.
+        assert_eq!(t.forget(d.ino, 1, NOTHING_PINNED).dropped, 0);
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 0);
+        assert_eq!(t.get(f.ino).map(|i| i.kernel_refs()), Some(1));
+        // The last entry of f: f goes, then d (kept only for f) with g.
+        let out = t.forget(f.ino, 1, NOTHING_PINNED);
+        assert_eq!(out.dropped, 3);
+        assert_eq!(out.dirs, vec![d.ino]);
+        assert!(out.names.contains(&(d.ino, "f".to_string())));
+        assert!(out.names.contains(&(ROOT_INO, "d".to_string())));
+        assert_eq!(t.len(), 1);
+        assert!(t.get(f.ino).is_none() && t.child(ROOT_INO, "d").is_none());
+        // Looked up again: a new number; numbers are never reused.
+        let d2 = t.upsert_child(ROOT_INO, "d", Kind::Dir, "d/".into());
+        assert!(d2.ino > g.ino);
+        // A forget of a number the table no longer has changes nothing.
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED), Forgotten::default());
+        // The root is never dropped.
+        assert_eq!(t.forget(ROOT_INO, 1, NOTHING_PINNED).dropped, 0);
+        assert!(t.get(ROOT_INO).is_some());
+    }
+
+    #[test]
+    fn a_pinned_entry_is_kept_and_dropped_once_nothing_needs_it() {
+        let t = InodeTable::new("");
+        let f = t.upsert_child(ROOT_INO, "f", Kind::File, "f".into());
+        t.remember(&f);
+        let pinned = std::sync::atomic::AtomicBool::new(true);
+        let pin = |i: u64| i == f.ino && pinned.load(Ordering::Relaxed);
+        assert_eq!(t.forget(f.ino, 1, &pin).dropped, 0);
+        assert_eq!(t.deferred(), 1);
+        assert_eq!(t.child(ROOT_INO, "f").map(|i| i.ino), Some(f.ino));
+        assert_eq!(t.retry_deferred(&pin).dropped, 0);
+        assert_eq!(t.deferred(), 1);
+        pinned.store(false, Ordering::Relaxed);
+        assert_eq!(t.retry_deferred(&pin).dropped, 1);
+        assert_eq!(t.deferred(), 0);
+        assert!(t.get(f.ino).is_none());
+        // A directory with a pinned child the kernel never held (a file being written that
+        // it forgot meanwhile) stays too.
+        let d = t.upsert_child(ROOT_INO, "d", Kind::Dir, "d/".into());
+        t.remember(&d);
+        let w = t.upsert_child(d.ino, "w", Kind::File, "d/w".into());
+        let pin_w = |i: u64| i == w.ino;
+        assert_eq!(t.forget(d.ino, 1, &pin_w).dropped, 0);
+        assert!(t.get(d.ino).is_some() && t.get(w.ino).is_some());
+        assert_eq!(t.retry_deferred(NOTHING_PINNED).dropped, 2);
+    }
+
+    #[test]
+    fn an_entry_dropped_while_a_reply_carried_it_is_taken_back() {
+        let t = InodeTable::new("");
+        let f = t.upsert_child(ROOT_INO, "f", Kind::File, "f".into());
+        // A FORGET of an earlier entry drops it between a lookup finding it and the reply.
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 1);
+        t.remember(&f);
+        assert_eq!(t.get(f.ino).map(|i| i.kernel_refs()), Some(1));
+        assert_eq!(t.child(ROOT_INO, "f").map(|i| i.ino), Some(f.ino));
+        // If another lookup took the name meanwhile, the old number stays reachable by number
+        // only: no name ever has two numbers.
+        let g = t.upsert_child(ROOT_INO, "g", Kind::File, "g".into());
+        assert_eq!(t.forget(g.ino, 1, NOTHING_PINNED).dropped, 1);
+        let g2 = t.upsert_child(ROOT_INO, "g", Kind::File, "g".into());
+        t.remember(&g);
+        assert_eq!(t.child(ROOT_INO, "g").map(|i| i.ino), Some(g2.ino));
+        assert!(t.get(g.ino).is_some());
+        assert_eq!(t.forget(g.ino, 1, NOTHING_PINNED).dropped, 1);
+        assert_eq!(t.child(ROOT_INO, "g").map(|i| i.ino), Some(g2.ino));
+    }
+
+    #[test]
+    fn a_rename_keeps_the_kernel_s_entries_and_an_unlinked_inode_lives_until_forgotten() {
+        let t = InodeTable::new("");
+        let f = t.upsert_child(ROOT_INO, "f", Kind::File, "f".into());
+        t.remember(&f);
+        t.remember(&f);
+        let moved = t.rename(f.ino, ROOT_INO, "g", "g".into()).unwrap();
+        assert_eq!(moved.kernel_refs(), 2);
+        assert!(t.child(ROOT_INO, "f").is_none());
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 0);
+        t.remove_child(ROOT_INO, "g");
+        assert!(t.get(f.ino).is_some());
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 1);
+        assert_eq!(t.len(), 1);
     }
 }

@@ -97,6 +97,30 @@ impl KnownDirs {
         }
     }
 
+    /// The inode table let go of `name` in directory `ino` (the kernel forgot it): from now
+    /// on the name is answered from here, so one this mount made after the listing must be
+    /// here too (as listed: a lookup asks about it).
+    pub fn keep_name(&self, ino: u64, name: &str) {
+        let Some(c) = &self.cache else { return };
+        let Some(n) = c.get(&ino) else { return };
+        let Some(names) = &n.names else { return };
+        if names.contains(name) {
+            return;
+        }
+        if names.len() == MAX_NAMES {
+            return self.large(ino, n.at);
+        }
+        let mut names = names.clone();
+        names.insert(name.to_string());
+        c.insert(
+            ino,
+            Arc::new(Names {
+                at: n.at,
+                names: Some(names),
+            }),
+        );
+    }
+
     /// What is known of `name` in directory `ino` (whose inode has no child of that name).
     pub fn answer(&self, ino: u64, name: &str, now: Instant) -> Answer {
         let Some(n) = self.cache.as_ref().and_then(|c| c.get(&ino)) else {
@@ -136,6 +160,9 @@ mod tests {
             k.answer(5, "c", t + Duration::from_secs(1)),
             Answer::Expired
         );
+        // A name the inode table let go of is asked about, not taken as absent.
+        k.keep_name(5, "made-here");
+        assert_eq!(k.answer(5, "made-here", t), Answer::Listed);
         k.forget(5);
         assert_eq!(k.answer(5, "c", t), Answer::Unknown);
     }

@@ -9,6 +9,7 @@
 pub mod attrs;
 pub mod control;
 pub mod dir;
+mod forget;
 mod fuse;
 pub mod inode;
 pub mod known;
@@ -136,6 +137,8 @@ struct DirOut {
 struct DirEntryOut {
     name: String,
     attr: FileAttr,
+    /// The entry's inode, which the kernel counts (not `.` and `..`).
+    inode: Option<Arc<Inode>>,
 }
 
 /// The filesystem: what the kernel's requests are answered from. Each part is one concern.
@@ -181,6 +184,10 @@ struct NsState {
     dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
+    /// Inodes dropped after the kernel forgot them (see `forget`).
+    inodes_dropped: AtomicU64,
+    /// When pinned inodes were last tried again.
+    forget_retried: Mutex<Instant>,
 }
 
 /// The open handles of a mount, by handle number.
@@ -294,6 +301,8 @@ impl<S: ObjectStore> S3Fs<S> {
                 local_dirs: Mutex::new(Default::default()),
                 dir_attrs: Mutex::new(HashMap::new()),
                 exact_probes: AtomicBool::new(false),
+                inodes_dropped: AtomicU64::new(0),
+                forget_retried: Mutex::new(Instant::now()),
             },
             handles: Handles {
                 files: Arc::new(Mutex::new(HashMap::new())),
@@ -356,6 +365,13 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// Stored attributes win over the mount's defaults; a file's ctime is S3's Last-Modified.
+    /// The attributes of an entry the kernel is being handed (it counts the entry until it
+    /// forgets it: see `forget`).
+    fn entry(&self, inode: &Arc<Inode>, stat: &Stat) -> FileAttr {
+        self.handed(inode);
+        self.attr(inode, stat)
+    }
+
     fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
         // Attributes set here and not written back yet show at once.
         let overlaid = self.attrs.overlay(inode.ino, stat);
@@ -403,7 +419,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 if inode.kind == Kind::File
                     && stat.size > 0
                     && self.pass.is_on()
-                    && d.contains(&inode.key, &stat.etag) =>
+                    && d.contains(inode.key(), &stat.etag) =>
             {
                 d.io_size()
             }
@@ -463,16 +479,16 @@ impl<S: ObjectStore> S3Fs<S> {
         let now = Instant::now();
         if let Some(child) = self.inodes.child(parent, name) {
             if let Some(stat) = self.local_stat(child.ino) {
-                return Ok(self.attr(&child, &stat));
+                return Ok(self.entry(&child, &stat));
             }
             if child.kind == Kind::Dir && self.is_local_dir(child.ino) {
-                return Ok(self.attr(&child, &self.dir_stat()));
+                return Ok(self.entry(&child, &self.dir_stat()));
             }
             if let Some(stat) = child.fresh_stat(now) {
-                return Ok(self.attr(&child, &stat));
+                return Ok(self.entry(&child, &stat));
             }
         }
-        let key = names::child_key(&p.key, name);
+        let key = names::child_key(p.key(), name);
         if self.negative_hit(&key) || self.known_absent(&p, name, now)? {
             return Err(Errno::ENOENT);
         }
@@ -482,7 +498,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.cfg.file_metadata {
             if let Some(child) = self.inodes.child(parent, name) {
                 if child.kind != Kind::Dir {
-                    if let Ok(info) = self.rt.block_on(self.s3.head(&child.key)) {
+                    if let Ok(info) = self.rt.block_on(self.s3.head(child.key())) {
                         let stat = Stat::from(&info);
                         // A file that turned out to be a symbolic link (or back): a new inode.
                         let kind = Kind::of_object(stat.meta.as_ref());
@@ -490,10 +506,10 @@ impl<S: ObjectStore> S3Fs<S> {
                             child
                         } else {
                             self.inodes
-                                .upsert_child(parent, name, kind, child.key.clone())
+                                .upsert_child(parent, name, kind, child.key().to_string())
                         };
                         child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                        return Ok(self.attr(&child, &stat));
+                        return Ok(self.entry(&child, &stat));
                     }
                 }
             }
@@ -511,7 +527,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 .upsert_child(parent, name, Kind::Dir, dir_prefix);
             let stat = self.dir_stat();
             child.set_stat(stat.clone(), self.ttl_from(now));
-            return Ok(self.attr(&child, &stat));
+            return Ok(self.entry(&child, &stat));
         }
         match probe.file {
             Some(info) => {
@@ -536,7 +552,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 let kind = Kind::of_object(stat.meta.as_ref());
                 let child = self.inodes.upsert_child(parent, name, kind, key);
                 child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                Ok(self.attr(&child, &stat))
+                Ok(self.entry(&child, &stat))
             }
             None => {
                 if let Some(child) = self.inodes.child(parent, name) {
@@ -564,14 +580,14 @@ impl<S: ObjectStore> S3Fs<S> {
                     .rt
                     .block_on(
                         self.s3
-                            .list_page(&p.key, Some("/"), None, known::MAX_NAMES as i32),
+                            .list_page(p.key(), Some("/"), None, known::MAX_NAMES as i32),
                     )
                     .map_err(|e| self.fail("lookup", &e))?;
                 if page.next_token.is_some() {
                     self.ns.known.large(p.ino, now);
                     return Ok(false);
                 }
-                let mut builder = DirBuilder::new(&p.key);
+                let mut builder = DirBuilder::new(p.key());
                 builder.add_page(page);
                 let (entries, _) = builder.finish();
                 self.ns
@@ -636,7 +652,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 inode.set_stat(stat.clone(), self.ttl_from(now));
                 Ok(self.attr(&inode, &stat))
             }
-            Kind::File | Kind::Symlink => match self.rt.block_on(self.s3.head(&inode.key)) {
+            Kind::File | Kind::Symlink => match self.rt.block_on(self.s3.head(inode.key())) {
                 Ok(info) => {
                     let stat = Stat::from(&info);
                     inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
@@ -676,7 +692,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 .map(|(fh, fl)| Opened::Plain(fh, fl));
         }
         if self.writing(ino).is_some() {
-            warn!(key = %inode.key, "file is being written in this mount; it can be read once it is closed");
+            warn!(key = %inode.key(), "file is being written in this mount; it can be read once it is closed");
             return Err(Errno::EBUSY);
         }
         // Close-to-open: every open asks S3 for the current version and pins its ETag. The
@@ -691,7 +707,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let stat = match trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
             Some(stat) => stat,
             None => {
-                let info = self.rt.block_on(self.s3.head(&inode.key)).map_err(|e| {
+                let info = self.rt.block_on(self.s3.head(inode.key())).map_err(|e| {
                     inode.invalidate();
                     self.fail("open", &e)
                 })?;
@@ -716,13 +732,13 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(cached) = self
             .disk
             .as_ref()
-            .and_then(|d| d.lookup(&inode.key, &stat.etag, stat.size))
+            .and_then(|d| d.lookup(inode.key(), &stat.etag, stat.size))
         {
             let fh = self.handles.next_fh();
             let backing = reply.and_then(|r| {
                 self.pass.backing_for(
                     ino,
-                    &inode.key,
+                    inode.key(),
                     &stat.etag,
                     &cached,
                     r,
@@ -736,7 +752,7 @@ impl<S: ObjectStore> S3Fs<S> {
                     .read_open_flags(ino, keep_cache, self.cfg.direct_io),
             };
             let file = DiskFile {
-                key: inode.key.to_string(),
+                key: inode.key().to_string(),
                 etag: stat.etag.to_string(),
                 cached,
                 passthrough: backing.is_some(),
@@ -758,7 +774,7 @@ impl<S: ObjectStore> S3Fs<S> {
             self.cache.clone(),
             self.s3.clone(),
             self.rt.clone(),
-            &inode.key,
+            inode.key(),
             &stat.etag,
             stat.size,
             self.cfg.read,
@@ -811,7 +827,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 )
             }
         };
-        debug!(key = %inode.key, entries = listing.entries.len(), cached, "listed");
+        debug!(key = %inode.key(), entries = listing.entries.len(), cached, "listed");
         let until = self.ttl_from(listing.at);
         let mut out = Vec::with_capacity(listing.entries.len() + 2);
         let parent = self.inodes.get(inode.parent).unwrap_or_else(|| {
@@ -823,10 +839,12 @@ impl<S: ObjectStore> S3Fs<S> {
         out.push(DirEntryOut {
             name: ".".into(),
             attr: self.attr(inode, &dir_stat),
+            inode: None,
         });
         out.push(DirEntryOut {
             name: "..".into(),
             attr: self.attr(&parent, &dir_stat),
+            inode: None,
         });
         // Directories this mount keeps whatever S3 says (made here, or holding one or a file
         // being written).
@@ -834,14 +852,14 @@ impl<S: ObjectStore> S3Fs<S> {
         for (name, listed) in &listing.entries {
             let (child, stat) = match listed {
                 Listed::Dir => {
-                    let prefix = names::dir_prefix_of(&names::child_key(&inode.key, name));
+                    let prefix = names::dir_prefix_of(&names::child_key(inode.key(), name));
                     let child = self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix);
                     (child, dir_stat.clone())
                 }
                 Listed::File(info) => {
                     // A directory made in this mount wins over a file another client stored
                     // under the same name since [S-NS-CLASH].
-                    if kept.iter().any(|c| c.name == *name) {
+                    if kept.iter().any(|c| c.name() == *name) {
                         self.log_hidden(&info.key, "a directory of the same name exists");
                         continue;
                     }
@@ -874,15 +892,17 @@ impl<S: ObjectStore> S3Fs<S> {
             out.push(DirEntryOut {
                 attr: self.attr(&child, &stat),
                 name: name.clone(),
+                inode: Some(child),
             });
         }
         // Directories made here and files being written exist in this mount before S3 has
         // them.
         for child in kept {
-            if !out.iter().any(|e| e.name == child.name) {
+            if !out.iter().any(|e| e.name == child.name()) {
                 out.push(DirEntryOut {
                     attr: self.attr(&child, &dir_stat),
-                    name: child.name.clone(),
+                    name: child.name().to_string(),
+                    inode: Some(child),
                 });
             }
         }
@@ -890,10 +910,11 @@ impl<S: ObjectStore> S3Fs<S> {
             let Some(child) = self.inodes.get(ino) else {
                 continue;
             };
-            if !out.iter().any(|e| e.name == child.name) {
+            if !out.iter().any(|e| e.name == child.name()) {
                 out.push(DirEntryOut {
                     attr: self.attr(&child, &stat),
-                    name: child.name.clone(),
+                    name: child.name().to_string(),
+                    inode: Some(child),
                 });
             }
         }
@@ -905,13 +926,13 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// One full ListObjectsV2 walk of the directory.
     fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
-        let mut builder = DirBuilder::new(&inode.key);
+        let mut builder = DirBuilder::new(inode.key());
         let result: Result<(), S3Error> = self.rt.block_on(async {
             let mut token = None;
             loop {
                 let mut page = self
                     .s3
-                    .list_page(&inode.key, Some("/"), token, 1000)
+                    .list_page(inode.key(), Some("/"), token, 1000)
                     .await?;
                 token = page.next_token.take();
                 builder.add_page(page);
@@ -968,7 +989,7 @@ impl<S: ObjectStore> S3Fs<S> {
             .map(|a| a.summary())
             .unwrap_or_default();
         format!(
-            "{} {} {writes} {stage} {disk} {} {} {} open_files={files} files_being_written={writing} {}",
+            "{} {} {writes} {stage} {disk} {} {} {} open_files={files} files_being_written={writing} inodes={} inodes_dropped={} inodes_pinned={} {}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
             self.attrs.summary(),
@@ -977,6 +998,9 @@ impl<S: ObjectStore> S3Fs<S> {
                 self.writes.uploader.as_ref().map(|u| u.pool.arena())
             ),
             crate::rdma_live_summary(),
+            self.inodes.len(),
+            self.ns.inodes_dropped.load(Ordering::Relaxed),
+            self.inodes.deferred(),
             self.failures.summary(),
         )
         .split_whitespace()
@@ -1024,12 +1048,12 @@ impl<S: ObjectStore> S3Fs<S> {
         let stat = match inode.recently_asked(Instant::now(), self.cfg.metadata_ttl) {
             Some(stat) => stat,
             None => {
-                let info = self.rt.block_on(self.s3.head(&inode.key)).ok()?;
+                let info = self.rt.block_on(self.s3.head(inode.key())).ok()?;
                 Stat::from(&info)
             }
         };
         let disk = self.disk.as_ref()?;
-        Some(stat.size == 0 || disk.contains(&inode.key, &stat.etag))
+        Some(stat.size == 0 || disk.contains(inode.key(), &stat.etag))
     }
 }
 

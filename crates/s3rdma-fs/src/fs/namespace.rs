@@ -112,7 +112,7 @@ impl<S: ObjectStore> S3Fs<S> {
             return Err(Errno::ENOTDIR);
         }
         let name = name.to_str().ok_or_else(|| {
-            warn!(parent = %p.key, "a file name must be UTF-8 to be an S3 key");
+            warn!(parent = %p.key(), "a file name must be UTF-8 to be an S3 key");
             Errno::EINVAL
         })?;
         names::check_name(name).map_err(|b| errno(b.errno()))?;
@@ -130,7 +130,7 @@ impl<S: ObjectStore> S3Fs<S> {
     pub(super) fn do_mkdir(&self, parent: u64, name: &OsStr, mode: u32) -> FsResult<FileAttr> {
         let _ns = self.ns_change();
         let (p, name) = self.dir_and_name(parent, name)?;
-        let prefix = names::dir_prefix_of(&names::child_key(&p.key, name));
+        let prefix = names::dir_prefix_of(&names::child_key(p.key(), name));
         if self.cfg.dir_markers {
             let stored = self.rt.block_on(self.s3.put_object_if(
                 &prefix,
@@ -168,8 +168,8 @@ impl<S: ObjectStore> S3Fs<S> {
         self.ns.known.made(child.ino, now);
         let stat = self.dir_stat();
         child.set_stat(stat.clone(), self.ttl_from(now));
-        debug!(key = %child.key, "directory made");
-        Ok(self.attr(&child, &stat))
+        debug!(key = %child.key(), "directory made");
+        Ok(self.entry(&child, &stat))
     }
 
     pub(super) fn do_rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
@@ -183,19 +183,19 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let page = self
             .rt
-            .block_on(self.s3.list_page(&child.key, Some("/"), None, 2))
+            .block_on(self.s3.list_page(child.key(), Some("/"), None, 2))
             .map_err(|e| self.fail("rmdir", &e))?;
-        let marker = page.objects.iter().any(|o| o.key == child.key);
-        if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != child.key) {
+        let marker = page.objects.iter().any(|o| o.key == child.key());
+        if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != child.key()) {
             return Err(Errno::ENOTEMPTY);
         }
         if marker {
             self.rt
-                .block_on(self.s3.delete_object(&child.key))
+                .block_on(self.s3.delete_object(child.key()))
                 .map_err(|e| self.fail("rmdir", &e))?;
         }
         self.forget_dir(&child);
-        debug!(key = %child.key, "directory removed");
+        debug!(key = %child.key(), "directory removed");
         Ok(())
     }
 
@@ -212,7 +212,7 @@ impl<S: ObjectStore> S3Fs<S> {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&child.ino);
         child.invalidate();
-        self.inodes.remove_child(child.parent, &child.name);
+        self.inodes.remove_child(child.parent, child.name());
     }
 
     pub(super) fn do_unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
@@ -226,31 +226,31 @@ impl<S: ObjectStore> S3Fs<S> {
             let _ = self.release_staged(child.ino, &s);
             r?;
             self.forget_file(&child);
-            debug!(key = %child.key, "removed while staged");
+            debug!(key = %child.key(), "removed while staged");
             return Ok(());
         }
         if self.writing(child.ino).is_some() {
-            warn!(key = %child.key, "cannot remove a file while it is being written in this mount; close it first");
+            warn!(key = %child.key(), "cannot remove a file while it is being written in this mount; close it first");
             return Err(Errno::EBUSY);
         }
         // Attribute changes not written back yet go with the object.
         let pending = self.attrs.take(child.ino);
-        if let Err(e) = self.rt.block_on(self.s3.delete_object(&child.key)) {
+        if let Err(e) = self.rt.block_on(self.s3.delete_object(child.key())) {
             if let Some(p) = pending {
                 self.attrs.restore(p);
             }
             return Err(self.fail("unlink", &e));
         }
         self.forget_file(&child);
-        debug!(key = %child.key, "removed");
+        debug!(key = %child.key(), "removed");
         Ok(())
     }
 
     fn forget_file(&self, child: &Inode) {
         child.invalidate();
         child.forget_opened();
-        self.inodes.remove_child(child.parent, &child.name);
-        self.remember_missing(child.key.clone());
+        self.inodes.remove_child(child.parent, child.name());
+        self.remember_missing(child.key().to_string());
     }
 
     pub(super) fn do_rename(
@@ -271,11 +271,11 @@ impl<S: ObjectStore> S3Fs<S> {
         let (np, new_name) = self.dir_and_name(new_parent, new_name)?;
         if src.kind == Kind::Dir {
             // S3 cannot move a prefix atomically: mv falls back to copy + delete.
-            info!(key = %src.key, "directory rename refused with EXDEV (S3 has no directories); mv copies and deletes instead");
+            info!(key = %src.key(), "directory rename refused with EXDEV (S3 has no directories); mv copies and deletes instead");
             return Err(Errno::EXDEV);
         }
-        let dst_key = names::child_key(&np.key, new_name);
-        if dst_key == src.key {
+        let dst_key = names::child_key(np.key(), new_name);
+        if dst_key == src.key() {
             return Ok(());
         }
         let dst = match self.do_lookup(new_parent, OsStr::new(new_name)) {
@@ -306,7 +306,7 @@ impl<S: ObjectStore> S3Fs<S> {
             self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
             // Its last handle gone, it is stored now, under the new name.
             self.release_staged(src.ino, &s)?;
-            debug!(from = %src.key, to = %dst_key, "renamed while staged");
+            debug!(from = %src.key(), to = %dst_key, "renamed while staged");
             return Ok(());
         }
         // A staged file replaced by the rename stores nothing any more.
@@ -317,7 +317,7 @@ impl<S: ObjectStore> S3Fs<S> {
         // stored right now (its last close or release is committing it) is waited for.
         if self.while_writing(src.ino, &mut |up| up.retarget(&dst_key))? {
             self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
-            debug!(from = %src.key, to = %dst_key, "renamed while being written");
+            debug!(from = %src.key(), to = %dst_key, "renamed while being written");
             return Ok(());
         }
         // The source as it is now: its ETag makes the copy conditional, its attributes go
@@ -346,9 +346,9 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(p) = &pending {
             self.attrs.renamed(p, p.base.etag == info.etag);
         }
-        if let Err(e) = self.rt.block_on(self.s3.delete_object(&src.key)) {
+        if let Err(e) = self.rt.block_on(self.s3.delete_object(src.key())) {
             // The copy exists; the source could not be removed: both names now exist.
-            warn!(key = %src.key, to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
+            warn!(key = %src.key(), to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
             return Err(errno(e.errno()));
         }
         let stat = Stat::from(&ObjectInfo {
@@ -366,7 +366,7 @@ impl<S: ObjectStore> S3Fs<S> {
             &dst_key,
             Some(stat),
         );
-        debug!(from = %src.key, to = %dst_key, "renamed");
+        debug!(from = %src.key(), to = %dst_key, "renamed");
         Ok(())
     }
 
@@ -398,14 +398,14 @@ impl<S: ObjectStore> S3Fs<S> {
             match copy(&info) {
                 Ok(etag) => return Ok((info, etag)),
                 Err(e) if e.kind == S3ErrorKind::PreconditionFailed => {
-                    debug!(key = %inode.key, "changed since this mount last saw it; asking S3")
+                    debug!(key = %inode.key(), "changed since this mount last saw it; asking S3")
                 }
                 Err(e) => return Err(self.fail(op, &e)),
             }
         }
         let info = self
             .rt
-            .block_on(self.s3.head(&inode.key))
+            .block_on(self.s3.head(inode.key()))
             .map_err(|e| self.fail(op, &e))?;
         let etag = copy(&info).map_err(|e| self.fail(op, &e))?;
         Ok((info, etag))
@@ -418,7 +418,7 @@ impl<S: ObjectStore> S3Fs<S> {
             .recently_asked(Instant::now(), self.cfg.metadata_ttl)
             .filter(|s| !s.etag.is_empty() && s.meta.is_some())
             .map(|s| ObjectInfo {
-                key: inode.key.clone(),
+                key: inode.key().to_string(),
                 size: s.size,
                 etag: s.etag,
                 last_modified: s.mtime,
@@ -433,7 +433,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let info = self
             .rt
-            .block_on(self.s3.head(&inode.key))
+            .block_on(self.s3.head(inode.key()))
             .map_err(|e| self.fail(op, &e))?;
         let now = Instant::now();
         inode.set_stat_asked(Stat::from(&info), self.ttl_from(now), now);
@@ -460,7 +460,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(neg) = &self.ns.negative {
             neg.invalidate(dst_key);
         }
-        self.remember_missing(src.key.clone());
+        self.remember_missing(src.key().to_string());
         if let Some(moved) = self
             .inodes
             .rename(src.ino, new_parent, new_name, dst_key.to_string())
@@ -544,7 +544,7 @@ impl<S: ObjectStore> S3Fs<S> {
             Some(_) => {
                 self.store_attrs(ino)?;
                 self.rt
-                    .block_on(self.s3.head(&inode.key))
+                    .block_on(self.s3.head(inode.key()))
                     .map_err(|e| self.fail("setattr", &e))?
             }
         };
@@ -554,7 +554,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 let etag = self
                     .rt
                     .block_on(self.s3.put_object_if(
-                        &inode.key,
+                        inode.key(),
                         PutSource::Plain(&[]),
                         &Condition::IfMatch(info.etag.clone()),
                         &meta,
@@ -568,7 +568,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 return self.do_getattr(ino);
             }
             Some(n) if n != info.size => {
-                warn!(key = %inode.key, size = n, "an object can only be truncated to 0 (or rewritten with O_TRUNC) on a mount that cannot stage files");
+                warn!(key = %inode.key(), size = n, "an object can only be truncated to 0 (or rewritten with O_TRUNC) on a mount that cannot stage files");
                 return Err(Errno::EOPNOTSUPP);
             }
             _ => {
@@ -576,7 +576,7 @@ impl<S: ObjectStore> S3Fs<S> {
                     .rt
                     .block_on(self.s3.copy_object(
                         &info,
-                        &inode.key,
+                        inode.key(),
                         &meta,
                         self.cfg.multipart_copy_threshold,
                     ))
@@ -586,7 +586,7 @@ impl<S: ObjectStore> S3Fs<S> {
         };
         let now = Instant::now();
         let stat = Stat::from(&ObjectInfo {
-            key: inode.key.clone(),
+            key: inode.key().to_string(),
             size,
             etag,
             last_modified: SystemTime::now(),

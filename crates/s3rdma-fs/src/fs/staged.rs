@@ -124,7 +124,7 @@ impl<S: ObjectStore> S3Fs<S> {
             return Err(Errno::EROFS);
         };
         if self.writes.closing.load(Ordering::SeqCst) {
-            warn!(key = %inode.key, "the mount is shutting down: no new files can be written");
+            warn!(key = %inode.key(), "the mount is shutting down: no new files can be written");
             return Err(Errno::EROFS);
         }
         let mut map = self.lock_staged();
@@ -135,9 +135,9 @@ impl<S: ObjectStore> S3Fs<S> {
             s.handles.fetch_add(1, Ordering::SeqCst);
             return Ok(s.clone());
         }
-        let file = StagedFile::new(area.clone(), up.clone(), &inode.key, base, cond, meta)
+        let file = StagedFile::new(area.clone(), up.clone(), inode.key(), base, cond, meta)
             .map_err(|e| {
-                warn!(key = %inode.key, error = %e, "cannot stage the file");
+                warn!(key = %inode.key(), error = %e, "cannot stage the file");
                 stage_errno(&e)
             })?;
         let staged = Arc::new(Staged {
@@ -153,7 +153,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 debug!(ino = inode.ino, error = %e, "inval_inode failed");
             }
         }
-        debug!(key = %inode.key, base = ?base.map(|b| &b.etag), "staged");
+        debug!(key = %inode.key(), base = ?base.map(|b| &b.etag), "staged");
         Ok(staged)
     }
 
@@ -193,7 +193,7 @@ impl<S: ObjectStore> S3Fs<S> {
         meta: FileMeta,
     ) -> FsResult<(u64, FopenFlags)> {
         let base = current.as_ref().map(|s| ObjectInfo {
-            key: inode.key.clone(),
+            key: inode.key().to_string(),
             size: s.size,
             etag: s.etag.clone(),
             last_modified: s.mtime,

@@ -36,7 +36,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if target.is_empty() || target.len() > MAX_TARGET {
             return Err(Errno::ENAMETOOLONG);
         }
-        let key = names::child_key(&p.key, name);
+        let key = names::child_key(p.key(), name);
         let (uid, gid) = owner;
         let meta = FileMeta::symlink(
             (uid != self.cfg.uid).then_some(uid),
@@ -69,8 +69,8 @@ impl<S: ObjectStore> S3Fs<S> {
         });
         let now = Instant::now();
         child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-        debug!(key = %child.key, "symlink made");
-        Ok(self.attr(&child, &stat))
+        debug!(key = %child.key(), "symlink made");
+        Ok(self.entry(&child, &stat))
     }
 
     /// `readlink`: the object's body (one GET, pinned to the version last seen).
@@ -84,17 +84,20 @@ impl<S: ObjectStore> S3Fs<S> {
             None => Stat::from(
                 &self
                     .rt
-                    .block_on(self.s3.head(&inode.key))
+                    .block_on(self.s3.head(inode.key()))
                     .map_err(|e| self.fail("readlink", &e))?,
             ),
         };
         if stat.size as usize > MAX_TARGET {
-            warn!(key = %inode.key, size = stat.size, "a symbolic link's object is larger than a link target can be");
+            warn!(key = %inode.key(), size = stat.size, "a symbolic link's object is larger than a link target can be");
             return Err(Errno::EIO);
         }
         let mut buf = vec![0u8; stat.size as usize];
         self.rt
-            .block_on(self.s3.get_range_into(&inode.key, &stat.etag, 0, &mut buf))
+            .block_on(
+                self.s3
+                    .get_range_into(inode.key(), &stat.etag, 0, &mut buf),
+            )
             .map_err(|e| self.fail("readlink", &e.pinned_gone()))?;
         Ok(buf)
     }
@@ -104,7 +107,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let key = self
             .inodes
             .get(ino)
-            .map(|i| i.key.clone())
+            .map(|i| i.key().to_string())
             .unwrap_or_default();
         info!(key, "hard links are not supported (an S3 object has one name); use a symbolic link or a copy");
         Err(Errno::EPERM)

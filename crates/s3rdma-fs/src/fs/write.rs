@@ -141,13 +141,13 @@ impl<S: ObjectStore> S3Fs<S> {
             return Err(Errno::EROFS);
         }
         if self.writes.closing.load(Ordering::SeqCst) {
-            warn!(key = %inode.key, "the mount is shutting down: no new files can be written");
+            warn!(key = %inode.key(), "the mount is shutting down: no new files can be written");
             return Err(Errno::EROFS);
         }
         let writing = {
             let mut w = self.lock_writing();
             if w.contains_key(&inode.ino) {
-                warn!(key = %inode.key, "file is already being written in this mount; close the other writer first");
+                warn!(key = %inode.key(), "file is already being written in this mount; close the other writer first");
                 return Err(Errno::EBUSY);
             }
             let state = Arc::new(Writing::new(meta.clone()));
@@ -157,7 +157,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let Some(uploader) = &self.writes.uploader else {
             return Err(Errno::EROFS);
         };
-        let upload = uploader.start(&inode.key, cond, meta);
+        let upload = uploader.start(inode.key(), cond, meta);
         let fh = self.handles.next_fh();
         let file = WriteFile {
             opener: tgid_of(pid),
@@ -184,14 +184,14 @@ impl<S: ObjectStore> S3Fs<S> {
             return Err(Errno::ENOTDIR);
         }
         let name = name.to_str().ok_or_else(|| {
-            warn!(parent = %p.key, "a file name must be UTF-8 to be an S3 key");
+            warn!(parent = %p.key(), "a file name must be UTF-8 to be an S3 key");
             Errno::EINVAL
         })?;
         names::check_name(name).map_err(|b| errno(b.errno()))?;
-        let key = names::child_key(&p.key, name);
+        let key = names::child_key(p.key(), name);
         let inode = self.inodes.upsert_child(parent, name, Kind::File, key);
         if let Some(neg) = &self.ns.negative {
-            neg.invalidate(&inode.key);
+            neg.invalidate(inode.key());
         }
         // Attributes that differ from the mount's defaults are stored with the object.
         let mode = mode & 0o7777;
@@ -206,13 +206,13 @@ impl<S: ObjectStore> S3Fs<S> {
             let st = self.stage(&inode, None, Condition::IfNoneMatch, meta)?;
             let stat = st.stat();
             let (fh, fl) = self.open_staged(inode.ino, st, flags)?;
-            debug!(key = %inode.key, fh, "created, staged");
-            return Ok((self.attr(&inode, &stat), fh, fl));
+            debug!(key = %inode.key(), fh, "created, staged");
+            return Ok((self.entry(&inode, &stat), fh, fl));
         }
         let (fh, writing) = self.begin_write(&inode, Condition::IfNoneMatch, pid, meta)?;
-        debug!(key = %inode.key, fh, "created");
+        debug!(key = %inode.key(), fh, "created");
         Ok((
-            self.attr(&inode, &writing.stat()),
+            self.entry(&inode, &writing.stat()),
             fh,
             FopenFlags::FOPEN_DIRECT_IO,
         ))
@@ -232,7 +232,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let now = Instant::now();
         let current = match inode.recently_asked(now, OPEN_REVALIDATE_WINDOW) {
             Some(stat) => Some(stat),
-            None => match self.rt.block_on(self.s3.head(&inode.key)) {
+            None => match self.rt.block_on(self.s3.head(inode.key())) {
                 Ok(info) => {
                     let stat = Stat::from(&info);
                     inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
@@ -254,7 +254,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.can_stage() && staged::wants_staging(flags, current.as_ref().map_or(0, |s| s.size))
         {
             if self.writing(inode.ino).is_some() {
-                warn!(key = %inode.key, "file is already being written in this mount; close the other writer first");
+                warn!(key = %inode.key(), "file is already being written in this mount; close the other writer first");
                 return Err(Errno::EBUSY);
             }
             return self.open_staged_existing(inode, current, flags, meta);
@@ -263,14 +263,14 @@ impl<S: ObjectStore> S3Fs<S> {
             // Gone since the kernel looked: this writes a new object.
             None => Condition::IfNoneMatch,
             Some(stat) if !truncate && stat.size > 0 => {
-                warn!(key = %inode.key, size = stat.size, "an existing object cannot be modified or appended to in place; open it with O_TRUNC to replace it");
+                warn!(key = %inode.key(), size = stat.size, "an existing object cannot be modified or appended to in place; open it with O_TRUNC to replace it");
                 return Err(Errno::EPERM);
             }
             Some(stat) if stat.etag.is_empty() => Condition::None,
             Some(stat) => Condition::IfMatch(stat.etag),
         };
         let (fh, _) = self.begin_write(inode, cond, pid, meta)?;
-        debug!(key = %inode.key, fh, "opened for writing");
+        debug!(key = %inode.key(), fh, "opened for writing");
         Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
     }
 
@@ -327,7 +327,7 @@ impl<S: ObjectStore> S3Fs<S> {
             meta,
         )?;
         self.adopt_handle(fh, ino, &s)?;
-        debug!(key = %inode.key, "a file written on after fsync goes on as a staged file");
+        debug!(key = %inode.key(), "a file written on after fsync goes on as a staged file");
         Ok(s)
     }
 
@@ -361,13 +361,13 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let s = self.stage(&inode, None, cond, meta)?;
-        if key != inode.key {
+        if key != inode.key() {
             s.file.moved(&key, None, Condition::None);
         }
         self.write_staged(&s, 0, &bytes)?;
         // The kernel keeps using `fh`: it now names the staged handle.
         self.adopt_handle(fh, ino, &s)?;
-        debug!(key = %inode.key, "a file written out of order goes on as a staged file");
+        debug!(key = %inode.key(), "a file written out of order goes on as a staged file");
         Ok(s)
     }
 

@@ -356,6 +356,30 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(want.as_str()) && l.contains(" - fuse"))
 }
 
+/// `umount path` as a user runs it, retried while it reports the mount busy (another test's
+/// `fork` can hold a duplicate of a file this test just closed until its `exec`), then wait
+/// until the kernel no longer lists the mount. At most 10 s.
+pub fn unmount(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("umount").arg(path).output().unwrap();
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("busy") && Instant::now() < deadline,
+            "umount {}: {err}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    while is_mounted(path) {
+        assert!(Instant::now() < deadline, "still mounted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A mount of the real binary in the foreground, unmounted (SIGTERM, then by force) on drop.
 pub struct Mount {
     pub path: PathBuf,

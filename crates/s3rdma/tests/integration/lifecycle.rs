@@ -250,13 +250,7 @@ fn umount_waits_for_open_files_and_lazy_umount_still_stores_them() {
     assert!(!busy.status.success(), "umount succeeded with a file open");
     assert!(is_mounted(&m.path));
     drop(reader);
-    wait_until(Duration::from_secs(10), "umount", || {
-        Command::new("umount")
-            .arg(&m.path)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
+    unmount(&m.path);
     let exit = m
         .wait_exit(Duration::from_secs(20))
         .expect("daemon did not exit");

@@ -176,12 +176,7 @@ fn daemon_returns_once_mounted_and_reports_errors() {
     assert!(is_mounted(&mnt));
     assert_eq!(std::fs::read(mnt.join("hello.txt")).unwrap(), b"hello");
     // Unmounting ends the daemon.
-    let st = std::process::Command::new("umount")
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    assert!(!is_mounted(&mnt));
+    unmount(&mnt);
     // A failure inside the daemon comes back to the caller's stderr and exit code.
     let (c, e) = run_with_endpoint("no-such-bucket-daemon", &mnt, &[]);
     assert_one_line_error(c, &e, 1, "does not exist");

@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use crate::common::*;
 
@@ -68,16 +67,6 @@ fn mount_t(bucket: &str, mnt: &Path, opts: &str) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn unmount(path: &Path) {
-    let st = Command::new("umount").arg(path).status().unwrap();
-    assert!(st.success(), "umount");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while is_mounted(path) {
-        assert!(Instant::now() < deadline, "still mounted");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 // [S-MOUNT-T]

@@ -607,3 +607,63 @@ fn a_readers_close_does_not_store_a_staged_file_its_writers_close_does() {
     fx.close(w).unwrap();
     assert_eq!(fx.mem().data("f").unwrap(), b"NEW");
 }
+
+// [S-NS-FORGET]
+#[test]
+fn inodes_the_kernel_forgets_are_dropped_unless_the_mount_still_needs_them() {
+    let mut cfg = strict_config();
+    // Known directories on: a forgotten name must not turn into "absent".
+    cfg.negative_ttl = Duration::from_secs(60);
+    let fx = Fx::with_config(cfg);
+    fx.mem().put_external("d/a", b"1");
+    fx.mem().put_external("d/b", b"2");
+    let a = fx.stat("d/a").unwrap();
+    assert_eq!(fx.ls("d").unwrap(), ["a", "b"]);
+    let before = fx.fs.inodes.len();
+    // The kernel forgets a (however many entries it had): it goes, d stays (held).
+    fx.fs.do_forget(a.ino.0, 1000);
+    assert_eq!(fx.fs.inodes.len(), before - 1);
+    assert_eq!(fx.fs.do_getattr(a.ino.0).unwrap_err(), Errno::ENOENT);
+    // Looked up again: works, under a new number.
+    let a2 = fx.stat("d/a").unwrap();
+    assert_ne!(a2.ino, a.ino);
+    assert_eq!(fx.read("d/a").unwrap(), b"1");
+
+    // A file being written is kept while it is, even if forgotten; then it goes.
+    let fh = fx.create_or_truncate("d/w").unwrap();
+    let w = fx.stat("d/w").unwrap();
+    fx.fs.do_forget(w.ino.0, 1000);
+    assert!(fx.fs.inodes.get(w.ino.0).is_some());
+    assert_eq!(fx.fs.inodes.deferred(), 1);
+    fx.fs.do_write(fh, 0, b"written").unwrap();
+    fx.close(fh).unwrap();
+    fx.fs.retry_pinned_now();
+    assert_eq!(fx.fs.inodes.deferred(), 0);
+    assert!(fx.fs.inodes.get(w.ino.0).is_none());
+    // d lists what it listed before: the forgotten name made here is asked about, not
+    // answered "absent" from d's known names.
+    assert_eq!(fx.read("d/w").unwrap(), b"written");
+
+    // A directory made here (in this mount only) is never dropped.
+    fx.mkdir("m").unwrap();
+    let m = fx.stat("m").unwrap();
+    fx.fs.do_forget(m.ino.0, 1000);
+    assert_eq!(fx.stat("m").unwrap().ino, m.ino);
+
+    // Everything forgotten: only what is pinned is left, and the counters say so.
+    let w2 = fx.stat("d/w").unwrap().ino.0;
+    for ino in [fx.stat("d").unwrap().ino.0, a2.ino.0, w2, m.ino.0] {
+        fx.fs.do_forget(ino, 1000);
+    }
+    let stats = fx.fs.stats_text();
+    let get = |k: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    // The root and m.
+    assert_eq!(get("inodes"), 2, "{stats}");
+    assert!(get("inodes_dropped") >= 5, "{stats}");
+}

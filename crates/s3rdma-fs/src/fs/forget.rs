@@ -1,0 +1,108 @@
+//! FORGET and BATCH_FORGET: the kernel let go of entries it was given; inodes it no longer
+//! holds and nothing here needs are dropped from the table (see `inode` for the rule), with
+//! what the mount kept about them (a directory's listing and known names).
+//!
+//! "Needs" (the pins): a file being written or staged, a directory made here that S3 may not
+//! have yet, attributes set on a directory, attribute changes not written back. A pinned inode
+//! is kept and tried again once its pin may have gone: at the next release of a handle or
+//! FORGET, at most once a second.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use s3rdma_client::ObjectStore;
+use tracing::debug;
+
+use super::inode::{Forgotten, Inode};
+use super::S3Fs;
+
+/// How often pinned inodes are tried again, at most.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// `inode` is in a reply on its way to the kernel (an entry it counts until FORGET).
+    pub(super) fn handed(&self, inode: &std::sync::Arc<Inode>) {
+        self.inodes.remember(inode);
+    }
+
+    /// The kernel forgot `n` entries of `ino`.
+    pub(super) fn do_forget(&self, ino: u64, n: u64) {
+        let pinned = |i| self.pinned(i);
+        let out = self.inodes.forget(ino, n, &pinned);
+        self.forgotten(out);
+    }
+
+    /// Pinned inodes whose pin may have gone are tried again (at most once a second).
+    pub(super) fn retry_pinned(&self) {
+        {
+            let mut last = self
+                .ns
+                .forget_retried
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if now.saturating_duration_since(*last) < RETRY_EVERY {
+                return;
+            }
+            *last = now;
+        }
+        self.retry_pinned_now();
+    }
+
+    /// Pinned inodes whose pin has gone are dropped now.
+    pub(super) fn retry_pinned_now(&self) {
+        let pinned = |i| self.pinned(i);
+        let out = self.inodes.retry_deferred(&pinned);
+        self.forgotten(out);
+    }
+
+    /// Whether something in this mount still needs inode `ino`.
+    fn pinned(&self, ino: u64) -> bool {
+        self.writes
+            .writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&ino)
+            || self
+                .writes
+                .staged
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&ino)
+            || self
+                .ns
+                .local_dirs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&ino)
+            || self
+                .ns
+                .dir_attrs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&ino)
+            || self.attrs.holds(ino)
+    }
+
+    /// What went with a forget: a dropped directory's listing and known names; a name dropped
+    /// from a directory that stays is asked about again, not taken as absent.
+    fn forgotten(&self, out: Forgotten) {
+        if out.dropped == 0 {
+            return;
+        }
+        for ino in &out.dirs {
+            self.ns.listings.forget(*ino);
+            self.ns.known.forget(*ino);
+        }
+        for (parent, name) in &out.names {
+            self.ns.known.keep_name(*parent, name);
+        }
+        self.ns
+            .inodes_dropped
+            .fetch_add(out.dropped as u64, Ordering::Relaxed);
+        debug!(
+            dropped = out.dropped,
+            "inodes the kernel forgot were dropped"
+        );
+    }
+}
