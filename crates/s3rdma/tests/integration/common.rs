@@ -380,6 +380,14 @@ pub fn unmount(path: &Path) {
     }
 }
 
+/// `echo 2 > /proc/sys/vm/drop_caches`: the kernel frees unused dentries and inodes, and sends
+/// FORGET for those of FUSE mounts (every mount on the host, as a user's would).
+pub fn drop_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches needs root");
+    // The FORGETs travel to the daemons asynchronously.
+    std::thread::sleep(Duration::from_millis(500));
+}
+
 /// A mount of the real binary in the foreground, unmounted (SIGTERM, then by force) on drop.
 pub struct Mount {
     pub path: PathBuf,

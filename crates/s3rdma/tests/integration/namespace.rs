@@ -328,6 +328,66 @@ fn inode_numbers_are_stable() {
     assert_eq!(std::fs::metadata(&m.path).unwrap().ino(), 1);
 }
 
+// [S-NS-FORGET]
+#[test]
+fn entries_the_kernel_forgets_are_dropped_and_open_files_keep_their_numbers() {
+    let b = bucket("forget");
+    let keys: Vec<String> = (0..600)
+        .map(|i| format!("t/d{}/f{i:04}", i % 6))
+        .collect();
+    put_many(&b, keys, b"x");
+    let m = Mount::new(&b, &[]);
+    let inodes = || stat_value(&mount_stats(&m.path), "inodes");
+    assert_eq!(inodes(), 1);
+    // The kernel holds what `find` walked: 600 files, 6 directories and t.
+    let walk = || {
+        let out = Command::new("find")
+            .arg(m.join("t"))
+            .args(["-type", "f"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    assert_eq!(walk(), 600);
+    let held = inodes();
+    assert!(held >= 607, "{held} inodes after the walk");
+    // An open file (and the directories above it) keeps its number through the kernel's
+    // forgetting; a working directory too.
+    let open = std::fs::File::open(m.join("t/d1/f0001")).unwrap();
+    let ino = open.metadata().unwrap().ino();
+    let d2 = std::fs::metadata(m.join("t/d2")).unwrap().ino();
+    let mut sh = Command::new("sleep")
+        .arg("30")
+        .current_dir(m.join("t/d2"))
+        .spawn()
+        .unwrap();
+    let dropped_before = stat_value(&mount_stats(&m.path), "inodes_dropped");
+    drop_caches();
+    let after = inodes();
+    let dropped = stat_value(&mount_stats(&m.path), "inodes_dropped") - dropped_before;
+    eprintln!("inodes: {held} after the walk, {after} after drop_caches ({dropped} dropped)");
+    assert!(after < 20, "{after} inodes left after drop_caches");
+    assert!(dropped >= 590, "{dropped} dropped");
+    assert_eq!(open.metadata().unwrap().ino(), ino);
+    assert_eq!(std::fs::metadata(m.join("t/d1/f0001")).unwrap().ino(), ino);
+    assert_eq!(std::fs::metadata(m.join("t/d2")).unwrap().ino(), d2);
+    let _ = sh.kill();
+    let _ = sh.wait();
+    // Forgotten names look up again (new numbers, none shared by two names), and the walk
+    // finds everything again.
+    let mut seen = std::collections::HashMap::new();
+    for i in (0..600).step_by(7) {
+        let p = format!("t/d{}/f{i:04}", i % 6);
+        let meta = std::fs::metadata(m.join(&p)).unwrap();
+        assert_eq!(meta.len(), 1);
+        if let Some(other) = seen.insert(meta.ino(), p.clone()) {
+            panic!("{p} and {other} share inode {}", meta.ino());
+        }
+    }
+    assert_eq!(walk(), 600);
+    drop(open);
+}
+
 // [S-NS-TTL] [S-NS-NEGATIVE]
 #[test]
 fn new_and_removed_keys_appear_after_the_ttl() {
