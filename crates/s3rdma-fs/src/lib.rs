@@ -25,6 +25,16 @@ pub fn rdma_live_summary() -> String {
     )
 }
 
+/// Hand the allocator's free memory back to the system (glibc keeps freed heap, such as
+/// the inode entries FORGET dropped, for reuse otherwise).
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks and trims the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// This process's resident memory (`resident_bytes=…`, from /proc/self/statm), and how much of
 /// the page cache and the write pool is pinned (`cache_pinned_bytes=…`, `write_pinned_bytes=…`;
 /// 0 without RDMA, where they take memory as used).

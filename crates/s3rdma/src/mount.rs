@@ -228,6 +228,27 @@ pub fn run(settings: Settings) -> ! {
             )
         }
     };
+    // Memory unused for the idle timeout goes back to the system [S-MEM-GIVE-BACK].
+    if !settings.memory_idle_timeout.is_zero() {
+        let idle = settings.memory_idle_timeout;
+        let cache = cache.clone();
+        let pool = uploader.as_ref().map(|u| u.pool());
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval((idle / 4).max(std::time::Duration::from_secs(1)));
+            loop {
+                tick.tick().await;
+                let bytes = cache.give_back_idle(idle)
+                    + pool.as_ref().map_or(0, |p| p.give_back_idle(idle));
+                s3rdma_fs::trim_heap();
+                if bytes > 0 {
+                    tracing::debug!(
+                        bytes,
+                        "idle cache blocks and write buffers gave their memory back"
+                    );
+                }
+            }
+        });
+    }
     if let Some(path) = settings.stats_file.clone() {
         let summary = summary.clone();
         rt.spawn(async move {

@@ -1,7 +1,8 @@
 //! The cache's memory: one anonymous mapping cut into fixed-size blocks. For RDMA it is mlocked
 //! and registered with cuObject once per slab (a slab never exceeds the registration limit);
 //! without RDMA nothing is locked, and the kernel gives the mapping pages only as blocks are
-//! first written, so a mount that reads little holds little.
+//! first written, so a mount that reads little holds little, and blocks left unused for a while
+//! give their pages back (`give_back`).
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -168,6 +169,31 @@ impl Arena {
         assert!(i < self.blocks && len <= (self.blocks - i) * self.block_size);
         // SAFETY: in bounds; the caller promises no concurrent writer.
         unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(i * self.block_size), len) }
+    }
+}
+
+impl Arena {
+    /// Give the pages of `n` blocks from block `i` back to the system: the memory stays mapped
+    /// and reads as zeros until written again. Nothing happens on a pinned arena (RDMA keeps
+    /// its registered memory); returns whether the pages went.
+    ///
+    /// # Safety
+    /// No one may hold a slice of these blocks, nor take one until this returns.
+    pub unsafe fn give_back(&self, i: usize, n: usize) -> bool {
+        assert!(i + n <= self.blocks);
+        if self.pinned {
+            return false;
+        }
+        // SAFETY: in bounds of our own unlocked mapping; the caller promises no one uses the
+        // blocks. MADV_DONTNEED on private anonymous memory drops the pages (zero-filled on
+        // next touch).
+        unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(i * self.block_size).cast(),
+                n * self.block_size,
+                libc::MADV_DONTNEED,
+            ) == 0
+        }
     }
 }
 

@@ -28,6 +28,7 @@ mod sketch;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 
@@ -80,6 +81,8 @@ struct Slot {
     /// Its reader is done with it (end of file, a random read): on release it goes to
     /// probation if it was not admitted.
     done: bool,
+    /// When a reader last used it; `None`: its pages were never used, or given back.
+    used_at: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -131,13 +134,15 @@ pub struct CacheStats {
     pub waits: AtomicU64,
     /// Read-ahead skipped because the arena was full.
     pub prefetch_skipped: AtomicU64,
+    /// Bytes of idle blocks given back to the system (`--memory-idle-timeout`).
+    pub given_back: AtomicU64,
 }
 
 impl CacheStats {
     pub fn summary(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "cache_hits={} cache_misses={} prefetches={} prefetch_waste={} evictions={} not_admitted={} cache_waits={} prefetch_skipped={}",
+            "cache_hits={} cache_misses={} prefetches={} prefetch_waste={} evictions={} not_admitted={} cache_waits={} prefetch_skipped={} cache_given_back_bytes={}",
             g(&self.hits),
             g(&self.misses),
             g(&self.prefetches),
@@ -145,7 +150,8 @@ impl CacheStats {
             g(&self.evictions),
             g(&self.not_admitted),
             g(&self.waits),
-            g(&self.prefetch_skipped)
+            g(&self.prefetch_skipped),
+            g(&self.given_back)
         )
     }
 }
@@ -230,6 +236,29 @@ impl<S: ObjectStore> Cache<S> {
 
     pub fn block_size(&self) -> usize {
         self.arena.block_size()
+    }
+
+    /// Give back the memory of blocks no reader has used for `idle`: their data leaves the
+    /// cache and their pages go back to the system. Nothing on an RDMA mount (its memory is
+    /// registered, so pinned). Returns the bytes given back.
+    pub fn give_back_idle(&self, idle: Duration) -> u64 {
+        if self.arena.pinned() {
+            return 0;
+        }
+        let Some(before) = Instant::now().checked_sub(idle) else {
+            return 0;
+        };
+        let mut inner = self.lock();
+        let slots = inner.idle_slots(before);
+        for &i in &slots {
+            // SAFETY: the slot has no reader and is free; the cache's lock, held until this
+            // loop ends, keeps anyone from claiming it meanwhile.
+            unsafe { self.arena.give_back(i, 1) };
+        }
+        drop(inner);
+        let bytes = (slots.len() * self.arena.block_size()) as u64;
+        self.stats.given_back.fetch_add(bytes, Ordering::Relaxed);
+        bytes
     }
 
     /// Whether the block is cached (ready or being filled).
@@ -376,6 +405,7 @@ impl Inner {
                 probation: false,
                 behind: false,
                 done: false,
+                used_at: None,
             })
             .collect();
         Inner {
@@ -423,6 +453,7 @@ impl Inner {
         s.probation = !admitted;
         s.behind = false;
         s.done = false;
+        s.used_at = Some(Instant::now());
         self.map.insert(key.clone(), i);
         Claim::Fill(i)
     }
@@ -494,6 +525,7 @@ impl Inner {
         let s = &mut self.slots[slot];
         s.refs = s.refs.saturating_sub(1);
         s.done |= once;
+        s.used_at = Some(Instant::now());
         if s.refs == 0 && s.state == State::Ready {
             let leave = s.behind || (s.done && s.probation);
             self.place(slot, leave);
@@ -516,6 +548,32 @@ impl Inner {
         *clock += 1;
         s.tick = Some(*clock);
         self.lru.insert(*clock, slot);
+    }
+
+    /// Slots with no reader, unused since `before` and still holding pages: each leaves the
+    /// cache (a ready block is dropped as an eviction would) and is marked as holding none.
+    fn idle_slots(&mut self, before: Instant) -> Vec<usize> {
+        let mut out = Vec::new();
+        for i in 0..self.slots.len() {
+            let s = &mut self.slots[i];
+            let idle = s.used_at.is_some_and(|t| t < before);
+            if !idle || s.refs > 0 || s.state == State::Filling {
+                continue;
+            }
+            if s.state == State::Ready {
+                if let Some(t) = s.tick.take() {
+                    self.lru.remove(&t);
+                }
+                if let Some(k) = s.key.take() {
+                    self.map.remove(&k);
+                }
+                s.state = State::Free;
+                self.free.push(i);
+            }
+            s.used_at = None;
+            out.push(i);
+        }
+        out
     }
 
     /// A free slot, or the first evictable one, and whether `key` is admitted: a block fetched
@@ -610,6 +668,46 @@ mod store_tests {
             assert_eq!(first, want);
         }
         assert_eq!(store.requests(Op::Get), 1);
+    }
+
+    // [S-MEM-GIVE-BACK]: blocks idle for the timeout leave the cache and give their pages
+    // back; a block a reader holds stays, and what left is fetched again when read.
+    #[test]
+    fn idle_blocks_give_their_memory_back_and_held_ones_stay() {
+        let (rt, store, cache, etag) = setup(4);
+        let held = rt.block_on(async {
+            for i in 0..3 {
+                cache.get(&key(&etag, i), BS, Access::Once).await.unwrap();
+            }
+            cache.get(&key(&etag, 3), BS, Access::Once).await.unwrap()
+        });
+        assert_eq!(store.requests(Op::Get), 4);
+        // Nothing has been idle for a minute.
+        assert_eq!(cache.give_back_idle(Duration::from_secs(60)), 0);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            cache.give_back_idle(Duration::from_millis(10)),
+            3 * BS as u64
+        );
+        assert!(!cache.contains(&key(&etag, 0)) && cache.contains(&key(&etag, 3)));
+        assert_eq!(
+            cache.stats.given_back.load(Ordering::Relaxed),
+            3 * BS as u64
+        );
+        // Already given back: nothing more to give.
+        assert_eq!(cache.give_back_idle(Duration::ZERO), 0);
+        let data = rt.block_on(async {
+            let b = cache
+                .get(&key(&etag, 1), BS, Access::Once)
+                .await
+                .unwrap()
+                .unwrap();
+            b.data().to_vec()
+        });
+        let want: Vec<u8> = (BS..2 * BS).map(|i| (i % 251) as u8).collect();
+        assert_eq!(data, want);
+        assert_eq!(store.requests(Op::Get), 5);
+        drop(held);
     }
 
     // [S-CACHE-EVICT]: a cache smaller than the object keeps reading it right, refetching

@@ -94,10 +94,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let mut buf = vec![0u8; stat.size as usize];
         self.rt
-            .block_on(
-                self.s3
-                    .get_range_into(inode.key(), &stat.etag, 0, &mut buf),
-            )
+            .block_on(self.s3.get_range_into(inode.key(), &stat.etag, 0, &mut buf))
             .map_err(|e| self.fail("readlink", &e.pinned_gone()))?;
         Ok(buf)
     }

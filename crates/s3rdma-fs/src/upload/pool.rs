@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cuobj_ffi::{RegisteredBuffer, Registration};
 use tokio::sync::Notify;
@@ -37,6 +38,9 @@ pub struct WritePool {
 #[derive(Debug)]
 struct PoolState {
     used: Vec<bool>,
+    /// When each block was last given back by a part; `None`: its pages were never used, or
+    /// went back to the system.
+    used_at: Vec<Option<Instant>>,
     /// Blocks held by parts handed to an upload (queued or in flight).
     uploading: usize,
 }
@@ -60,6 +64,7 @@ impl WritePool {
             arena,
             state: Mutex::new(PoolState {
                 used: vec![false; blocks],
+                used_at: vec![None; blocks],
                 uploading: 0,
             }),
             freed: Notify::new(),
@@ -146,6 +151,29 @@ impl WritePool {
         })
     }
 
+    /// Give the pages of blocks no part has used for `idle` back to the system (nothing on a
+    /// pinned, RDMA pool). Returns the bytes given back.
+    pub fn give_back_idle(&self, idle: Duration) -> u64 {
+        let Some(before) = Instant::now().checked_sub(idle) else {
+            return 0;
+        };
+        if self.arena.pinned() {
+            return 0;
+        }
+        let mut st = self.lock();
+        let mut n = 0;
+        for i in 0..st.used.len() {
+            if !st.used[i] && st.used_at[i].is_some_and(|t| t < before) {
+                // SAFETY: the block is free, and the pool's lock (held) keeps any part from
+                // taking it until this returns.
+                unsafe { self.arena.give_back(i, 1) };
+                st.used_at[i] = None;
+                n += 1;
+            }
+        }
+        (n * self.block_size()) as u64
+    }
+
     /// Blocks free right now (for tests and stats).
     pub fn free_blocks(&self) -> usize {
         self.lock().used.iter().filter(|u| !**u).count()
@@ -154,6 +182,7 @@ impl WritePool {
     fn give_back(&self, start: usize, blocks: usize, uploading: bool) {
         let mut st = self.lock();
         st.used[start..start + blocks].fill(false);
+        st.used_at[start..start + blocks].fill(Some(Instant::now()));
         if uploading {
             st.uploading -= blocks;
         }
@@ -284,6 +313,29 @@ mod tests {
             .enable_all()
             .build()
             .unwrap()
+    }
+
+    // [S-MEM-GIVE-BACK]
+    #[test]
+    fn free_blocks_idle_for_the_timeout_give_their_pages_back() {
+        rt().block_on(async {
+            let pool = Arc::new(WritePool::new(4096, 4, false).unwrap());
+            let mut a = pool.take(1).await.unwrap();
+            let b = pool.take(1).await.unwrap();
+            a.as_mut_slice().fill(7);
+            drop(a);
+            // Never used, or used a moment ago: kept.
+            assert_eq!(pool.give_back_idle(Duration::from_secs(60)), 0);
+            std::thread::sleep(Duration::from_millis(20));
+            // Block 0 (free) goes; block 1 is held by a part.
+            assert_eq!(pool.give_back_idle(Duration::from_millis(10)), 4096);
+            assert_eq!(pool.give_back_idle(Duration::ZERO), 0);
+            // Given back: it reads as zeros, and works as before.
+            let mut c = pool.take(1).await.unwrap();
+            assert!(matches!(c.mem, Mem::Pool { start: 0, .. }));
+            assert!(c.as_mut_slice().iter().all(|&x| x == 0));
+            drop((b, c));
+        });
     }
 
     #[test]

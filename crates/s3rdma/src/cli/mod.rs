@@ -181,10 +181,15 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub read_part_size: Option<u64>,
 
-    /// Size of the pinned page cache: one mlocked, RDMA-registered arena cut into blocks of the
-    /// read part size [default: min(1GiB, 1/8 of RAM)]
+    /// Size of the page cache, cut into blocks of the read part size: taken as used over HTTP;
+    /// with RDMA one mlocked, registered arena [default: min(1GiB, 1/8 of RAM)]
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub cache_size: Option<u64>,
+
+    /// Cache blocks and write buffers unused this long give their memory back to the system
+    /// (without RDMA; registered memory stays pinned); 0s keeps it [default: 60s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
+    pub memory_idle_timeout: Option<Duration>,
 
     /// The most ranged GETs in flight for the whole mount [default: 32]
     #[arg(long, value_name = "N", help_heading = "Caching and reads")]
@@ -380,6 +385,9 @@ impl Cli {
             }
             "read_part_size" => self.read_part_size = Some(with_key(key, parse_size(&need(value)?))?),
             "cache_size" => self.cache_size = Some(with_key(key, parse_size(&need(value)?))?),
+            "memory_idle_timeout" => {
+                self.memory_idle_timeout = Some(with_key(key, parse_duration(&need(value)?))?)
+            }
             "max_inflight_reads" => self.max_inflight_reads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
             "read_ahead_kb" => self.read_ahead_kb = Some(narrow(num(value)?, u32::MAX.into())? as u32),
             "direct_io" => self.direct_io = flag(value)?,
@@ -456,6 +464,8 @@ pub struct Settings {
     pub stats_file: Option<PathBuf>,
     pub kernel_flags: Vec<MountOption>,
     pub cache_size: u64,
+    /// Idle cache blocks and write buffers give their memory back after this (0: never).
+    pub memory_idle_timeout: Duration,
     pub max_inflight_reads: usize,
     pub read_ahead_kb: u32,
     pub write_part_size: u64,
@@ -600,6 +610,12 @@ impl Settings {
             ));
         }
         let max_threads = in_range("max threads", cli.max_threads, 16, 1, 1024)?;
+        let memory_idle_timeout = cli.memory_idle_timeout.unwrap_or(Duration::from_secs(60));
+        if memory_idle_timeout > Duration::from_secs(7 * 24 * 3600) {
+            return Err(format!(
+                "memory idle timeout {memory_idle_timeout:?} is out of range; use 0s (keep memory) to 7d (default 60s)"
+            ));
+        }
         let shutdown_grace = cli.shutdown_grace.unwrap_or(Duration::from_secs(30));
         if shutdown_grace > Duration::from_secs(24 * 3600) {
             return Err(format!(
@@ -753,6 +769,7 @@ impl Settings {
             stats_file: cli.stats_file,
             kernel_flags: cli.kernel_flags,
             cache_size,
+            memory_idle_timeout,
             max_inflight_reads,
             read_ahead_kb,
             write_part_size,
@@ -857,6 +874,7 @@ mod tests {
                 "metadata_ttl"
                 | "negative_metadata_ttl"
                 | "request_timeout"
+                | "memory_idle_timeout"
                 | "rdma_init_timeout" => Some("1s"),
                 "read_part_size"
                 | "max_prefetch"
@@ -962,6 +980,8 @@ mod tests {
             ("max_threads", "1025", "max threads"),
             ("max_threads", "18446744073709551616", "max threads"),
             ("shutdown_grace", "25h", "shutdown grace"),
+            ("memory_idle_timeout", "8d", "memory idle timeout"),
+            ("memory_idle_timeout", "soon", "memory idle timeout"),
             ("shutdown_grace", "-1s", "shutdown grace"),
             ("metadata_ttl", "forever", "metadata ttl"),
             (

@@ -197,6 +197,8 @@ fn an_http_mount_takes_memory_as_it_is_used() {
             "512MiB",
             "--write-buffer-size",
             "256MiB",
+            "--memory-idle-timeout",
+            "3s",
         ],
     );
     std::thread::sleep(Duration::from_millis(500));
@@ -221,6 +223,26 @@ fn an_http_mount_takes_memory_as_it_is_used() {
         resident > used / 2 && resident < used * 2,
         "resident_bytes {resident} KiB, VmRSS {used} KiB"
     );
+    // Written: the write buffers take memory too.
+    std::fs::write(m.join("w"), &data[..40 << 20]).unwrap();
+    let peak = rss_kib(m.pid());
+    // [S-MEM-GIVE-BACK] Quiet for the idle timeout: the memory goes back, toward idle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut now = peak;
+    while now - idle > (peak - idle) / 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        now = rss_kib(m.pid());
+    }
+    eprintln!("RSS idle {idle} KiB, after reading 48 MiB {used} KiB, after writing 40 MiB {peak} KiB, quiet {now} KiB");
+    // What stays is the FUSE worker threads' request buffers (up to 1 MiB each that took a
+    // write) and the allocator's bookkeeping: well under a third of what was taken.
+    assert!(
+        now - idle <= (peak - idle) / 3,
+        "RSS {now} KiB after a quiet period (idle {idle} KiB, peak {peak} KiB)"
+    );
+    assert!(stat_value(&mount_stats(&m.path), "cache_given_back_bytes") >= 32 << 20);
+    // Given back, the data reads again (fetched anew).
+    assert!(read_all(&m.join("f")) == data);
 }
 
 // [S-CACHE-MEMORY]

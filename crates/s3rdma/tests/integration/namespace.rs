@@ -332,9 +332,7 @@ fn inode_numbers_are_stable() {
 #[test]
 fn entries_the_kernel_forgets_are_dropped_and_open_files_keep_their_numbers() {
     let b = bucket("forget");
-    let keys: Vec<String> = (0..600)
-        .map(|i| format!("t/d{}/f{i:04}", i % 6))
-        .collect();
+    let keys: Vec<String> = (0..600).map(|i| format!("t/d{}/f{i:04}", i % 6)).collect();
     put_many(&b, keys, b"x");
     let m = Mount::new(&b, &[]);
     let inodes = || stat_value(&mount_stats(&m.path), "inodes");
