@@ -25,6 +25,24 @@ pub fn rdma_live_summary() -> String {
     )
 }
 
+/// At most 2 allocator arenas for the whole daemon (glibc makes up to 8 per core, one per busy
+/// thread): memory one FUSE worker freed (inode entries the kernel forgot) is then reused by
+/// the next walk whichever worker serves it, instead of each arena keeping its own high-water
+/// mark. The hot paths (reads, uploads) do not allocate per call, so the arenas see little
+/// contention. And a fixed mmap threshold of 256 KiB: a large buffer (fuser's 16 MiB request
+/// buffer per FUSE worker, HTTP bodies) is always its own mapping, whose pages are touched only
+/// as used and go back to the system when freed — glibc's default raises the threshold after
+/// the first such free, after which `calloc` zeroes (so touches) every later 16 MiB buffer in
+/// the heap. Call before threads start.
+pub fn limit_heap_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets allocator tunables.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+    }
+}
+
 /// Hand the allocator's free memory back to the system (glibc keeps freed heap, such as
 /// the inode entries FORGET dropped, for reuse otherwise).
 pub fn trim_heap() {

@@ -6,6 +6,7 @@
 //!   sdk_bench ENDPOINT BUCKET files PREFIX STREAMS
 //!   sdk_bench ENDPOINT BUCKET put KEY SIZE               (fills the benchmark bucket)
 //!   sdk_bench ENDPOINT BUCKET put-files PREFIX COUNT SIZE STREAMS
+//!   sdk_bench ENDPOINT BUCKET put-tree PREFIX DIRS FILES_PER_DIR STREAMS   (1-byte files dNNNN/fNNNNN)
 //!   sdk_bench ENDPOINT BUCKET upload KEY SIZE PART_SIZE STREAMS   (timed multipart upload)
 //!   sdk_bench ENDPOINT BUCKET make-bucket | drop-bucket      (drop: objects, uploads, bucket)
 //!   sdk_bench ENDPOINT BUCKET list PREFIX                 (seconds to list a "directory")
@@ -431,6 +432,38 @@ async fn main() {
                 .send()
                 .await
                 .expect("DeleteBucket");
+            return;
+        }
+        "put-tree" => {
+            let prefix = arg(&args, 4);
+            let dirs: usize = arg(&args, 5).parse().expect("dirs");
+            let per_dir: usize = arg(&args, 6).parse().expect("files per dir");
+            let streams: usize = arg(&args, 7).parse().expect("streams");
+            let _ = c.create_bucket().bucket(&bucket).send().await;
+            // At most `streams` requests (and tasks) at once, however many files.
+            let sem = Arc::new(Semaphore::new(streams));
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..dirs * per_dir {
+                let permit = sem.clone().acquire_owned().await.expect("semaphore");
+                let (c, b) = (c.clone(), bucket.clone());
+                let key = format!("{prefix}d{:04}/f{:05}", i / per_dir, i % per_dir);
+                tasks.spawn(async move {
+                    let _p = permit;
+                    c.put_object()
+                        .bucket(&b)
+                        .key(&key)
+                        .body(vec![b'x'].into())
+                        .send()
+                        .await
+                        .expect("PUT");
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    done.expect("task");
+                }
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.expect("task");
+            }
             return;
         }
         "put-files" => {

@@ -1,6 +1,7 @@
 use clap::Parser;
 
 fn main() {
+    s3rdma_fs::limit_heap_arenas();
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 2 && matches!(args[1].as_str(), "--version" | "-V") {
         print!(

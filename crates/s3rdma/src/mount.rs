@@ -112,10 +112,8 @@ pub fn run(settings: Settings) -> ! {
         info!(
             bytes = settings.write_buffer_size,
             part_size = settings.write_part_size,
-            pinned = pool.pinned(),
-            registered = pool.registered(),
             max_file_size = uploader.max_file_size(),
-            "write buffers ready"
+            "write buffers ready (mapped by the first write)"
         );
         Some(uploader)
     };

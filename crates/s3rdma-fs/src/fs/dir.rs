@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::fs::names::{self, BadName, Entry};
 use s3rdma_client::{ListPage, ObjectInfo};
@@ -12,8 +12,27 @@ use s3rdma_client::{ListPage, ObjectInfo};
 /// One entry of a listed directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listed {
-    File(ObjectInfo),
+    File(ListedFile),
     Dir,
+}
+
+/// What a listing says of a file (its key is the directory's prefix and its name): kept small,
+/// as a cached listing holds one per entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedFile {
+    pub size: u64,
+    pub last_modified: SystemTime,
+    pub etag: Box<str>,
+}
+
+impl From<ObjectInfo> for ListedFile {
+    fn from(o: ObjectInfo) -> Self {
+        ListedFile {
+            size: o.size,
+            last_modified: o.last_modified,
+            etag: o.etag.into_boxed_str(),
+        }
+    }
 }
 
 /// A key the listing could not show, and why.
@@ -47,8 +66,9 @@ impl DirBuilder {
             match names::prefix_entry(&self.prefix, &p) {
                 Ok(Entry::Dir(name)) => {
                     let name = name.to_string();
-                    if let Some(Listed::File(f)) = self.entries.insert(name, Listed::Dir) {
-                        self.hide(f.key, "a directory of the same name exists");
+                    let key = names::child_key(&self.prefix, &name);
+                    if let Some(Listed::File(_)) = self.entries.insert(name, Listed::Dir) {
+                        self.hide(key, "a directory of the same name exists");
                     }
                 }
                 Ok(_) => {}
@@ -62,7 +82,8 @@ impl DirBuilder {
                         let key = o.key.clone();
                         self.hide(key, "a directory of the same name exists");
                     } else {
-                        self.entries.insert(name.to_string(), Listed::File(o));
+                        self.entries
+                            .insert(name.to_string(), Listed::File(o.into()));
                     }
                 }
                 Ok(_) => {}
@@ -88,7 +109,7 @@ impl DirBuilder {
     }
 }
 
-/// Entries held by all cached listings together, at most (about 200 bytes each).
+/// Entries held by all cached listings together, at most (about 150 bytes each).
 const MAX_CACHED_ENTRIES: u64 = 500_000;
 
 /// A complete listing of one directory, as S3 gave it.
@@ -226,7 +247,7 @@ mod tests {
         let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["a", "clash", "sub", "z z"]);
         assert_eq!(entries[1].1, Listed::Dir);
-        assert_eq!(entries[0].1, Listed::File(obj("d/a", 1)));
+        assert_eq!(entries[0].1, Listed::File(obj("d/a", 1).into()));
         let hidden_keys: Vec<&str> = hidden.iter().map(|h| h.key.as_str()).collect();
         assert_eq!(hidden_keys.len(), 3, "{hidden:?}");
         assert!(hidden_keys.contains(&"d/clash"));

@@ -94,16 +94,48 @@ impl Stat {
     }
 }
 
+/// A [`Stat`] as an inode keeps it: the ETag and the stored attributes boxed (most entries,
+/// from listings, have no attributes), so each of millions of entries stays small.
+#[derive(Clone, Debug)]
+struct KeptStat {
+    size: u64,
+    mtime: SystemTime,
+    etag: Box<str>,
+    meta: Option<Box<FileMeta>>,
+}
+
+impl From<Stat> for KeptStat {
+    fn from(s: Stat) -> Self {
+        KeptStat {
+            size: s.size,
+            mtime: s.mtime,
+            etag: s.etag.into_boxed_str(),
+            meta: s.meta.map(Box::new),
+        }
+    }
+}
+
+impl From<&KeptStat> for Stat {
+    fn from(k: &KeptStat) -> Self {
+        Stat {
+            size: k.size,
+            mtime: k.mtime,
+            etag: k.etag.to_string(),
+            meta: k.meta.as_deref().cloned(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
-pub struct InodeState {
-    pub stat: Option<Stat>,
+struct InodeState {
+    stat: Option<KeptStat>,
     /// When `stat` stops being trustworthy; `None` = must ask S3.
-    pub valid_until: Option<Instant>,
+    valid_until: Option<Instant>,
     /// When `stat` last came from asking S3 about this very key (a lookup or a HeadObject, not
     /// a directory listing).
-    pub asked_at: Option<Instant>,
+    asked_at: Option<Instant>,
     /// The ETag of the last open: the version whose pages the kernel may hold.
-    pub opened_etag: Option<String>,
+    opened_etag: Option<Box<str>>,
 }
 
 #[derive(Debug)]
@@ -168,21 +200,21 @@ impl Inode {
     pub fn fresh_stat(&self, now: Instant) -> Option<Stat> {
         let st = self.lock();
         match (&st.stat, st.valid_until) {
-            (Some(s), Some(until)) if now < until => Some(s.clone()),
+            (Some(s), Some(until)) if now < until => Some(s.into()),
             _ => None,
         }
     }
 
     /// The last stat we know, fresh or not.
     pub fn last_stat(&self) -> Option<Stat> {
-        self.lock().stat.clone()
+        self.lock().stat.as_ref().map(Stat::from)
     }
 
     /// Record a stat from S3; returns the one it replaced.
     pub fn set_stat(&self, stat: Stat, valid_until: Instant) -> Option<Stat> {
         let mut st = self.lock();
         st.valid_until = Some(valid_until);
-        st.stat.replace(stat)
+        st.stat.replace(stat.into()).map(|old| Stat::from(&old))
     }
 
     /// Record a stat that S3 returned just now for this key.
@@ -190,21 +222,24 @@ impl Inode {
         let mut st = self.lock();
         st.valid_until = Some(valid_until);
         st.asked_at = Some(now);
-        st.stat = Some(stat);
+        st.stat = Some(stat.into());
     }
 
     /// The stat, if S3 was asked about this key within `window` of `now`.
     pub fn recently_asked(&self, now: Instant, window: std::time::Duration) -> Option<Stat> {
         let st = self.lock();
         match (&st.stat, st.asked_at) {
-            (Some(s), Some(at)) if now.saturating_duration_since(at) <= window => Some(s.clone()),
+            (Some(s), Some(at)) if now.saturating_duration_since(at) <= window => Some(s.into()),
             _ => None,
         }
     }
 
     /// Note that `etag` is being opened; returns the ETag of the previous open.
     pub fn swap_opened_etag(&self, etag: &str) -> Option<String> {
-        self.lock().opened_etag.replace(etag.to_string())
+        self.lock()
+            .opened_etag
+            .replace(etag.into())
+            .map(String::from)
     }
 
     /// Forget which version the kernel's pages are of: the next open starts from none.

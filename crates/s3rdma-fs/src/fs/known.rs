@@ -8,8 +8,12 @@
 //! A small directory (one listing page, up to [`MAX_NAMES`] names) is listed again when its
 //! knowledge has expired and a missing name is asked for: `rsync` and `tar` look up every
 //! name before creating it, and one listing per directory per TTL replaces a probe per name.
+//!
+//! A name is kept as a 64-bit hash of it (8 bytes, not a copy of the name): two names that
+//! share a hash only make a missing name "listed", so it is asked about — never the reverse.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +27,7 @@ const MAX_TOTAL_NAMES: u64 = 200_000;
 struct Names {
     at: Instant,
     /// `None`: too many to keep (the directory is not known).
-    names: Option<HashSet<String>>,
+    names: Option<HashSet<u64>>,
 }
 
 /// What the known directories say of a name.
@@ -41,6 +45,7 @@ pub enum Answer {
 
 pub struct KnownDirs {
     ttl: Duration,
+    hasher: std::collections::hash_map::RandomState,
     cache: Option<moka::sync::Cache<u64, Arc<Names>>>,
 }
 
@@ -56,7 +61,11 @@ impl KnownDirs {
                 .time_to_idle(ttl.saturating_mul(30).max(Duration::from_secs(60)))
                 .build()
         });
-        KnownDirs { ttl, cache }
+        KnownDirs {
+            ttl,
+            hasher: Default::default(),
+            cache,
+        }
     }
 
     /// Directory `ino` was made here at `at`: it had no names.
@@ -72,7 +81,7 @@ impl KnownDirs {
             if set.len() == MAX_NAMES {
                 return self.large(ino, at);
             }
-            set.insert(n.to_string());
+            set.insert(self.hasher.hash_one(n));
         }
         c.insert(
             ino,
@@ -104,14 +113,15 @@ impl KnownDirs {
         let Some(c) = &self.cache else { return };
         let Some(n) = c.get(&ino) else { return };
         let Some(names) = &n.names else { return };
-        if names.contains(name) {
+        let h = self.hasher.hash_one(name);
+        if names.contains(&h) {
             return;
         }
         if names.len() == MAX_NAMES {
             return self.large(ino, n.at);
         }
         let mut names = names.clone();
-        names.insert(name.to_string());
+        names.insert(h);
         c.insert(
             ino,
             Arc::new(Names {
@@ -131,7 +141,7 @@ impl KnownDirs {
         };
         if now.saturating_duration_since(n.at) >= self.ttl {
             Answer::Expired
-        } else if names.contains(name) {
+        } else if names.contains(&self.hasher.hash_one(name)) {
             Answer::Listed
         } else {
             Answer::Absent

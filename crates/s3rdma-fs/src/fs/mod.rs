@@ -859,24 +859,30 @@ impl<S: ObjectStore> S3Fs<S> {
                 Listed::File(info) => {
                     // A directory made in this mount wins over a file another client stored
                     // under the same name since [S-NS-CLASH].
+                    let key = names::child_key(inode.key(), name);
                     if kept.iter().any(|c| c.name() == *name) {
-                        self.log_hidden(&info.key, "a directory of the same name exists");
+                        self.log_hidden(&key, "a directory of the same name exists");
                         continue;
                     }
-                    let key = info.key.clone();
                     // A listing does not tell a symbolic link: one known as such (this
                     // version, from a lookup) stays one.
                     let kind = match self.inodes.child(inode.ino, name) {
                         Some(c)
                             if c.kind == Kind::Symlink
-                                && c.last_stat().is_some_and(|s| s.etag == info.etag) =>
+                                && c.last_stat().is_some_and(|s| *s.etag == *info.etag) =>
                         {
                             Kind::Symlink
                         }
                         _ => Kind::File,
                     };
                     let child = self.inodes.upsert_child(inode.ino, name, kind, key);
-                    let stat = Stat::from(info).inherit(child.last_stat().as_ref());
+                    let stat = Stat {
+                        size: info.size,
+                        mtime: info.last_modified,
+                        etag: info.etag.to_string(),
+                        meta: None,
+                    }
+                    .inherit(child.last_stat().as_ref());
                     (child, stat)
                 }
             };
@@ -995,7 +1001,7 @@ impl<S: ObjectStore> S3Fs<S> {
             self.attrs.summary(),
             crate::memory_summary(
                 self.cache.arena(),
-                self.writes.uploader.as_ref().map(|u| u.pool.arena())
+                self.writes.uploader.as_ref().and_then(|u| u.pool.arena())
             ),
             crate::rdma_live_summary(),
             self.inodes.len(),

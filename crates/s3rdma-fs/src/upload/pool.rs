@@ -1,5 +1,6 @@
-//! The write buffers: one pinned arena, registered with cuObject once, cut into blocks of the
-//! write part size. A part of `k` blocks (`k` a power of two, for the parts of very large
+//! The write buffers: one arena, cut into blocks of the write part size, mapped by the first
+//! write (a mount that only reads never has one); with RDMA pinned and registered with cuObject
+//! then, once. A part of `k` blocks (`k` a power of two, for the parts of very large
 //! files) takes `k` adjacent blocks aligned to `k`, so every part is one RDMA window.
 //!
 //! A writer that finds no room waits while uploads hold blocks (each upload gives its blocks
@@ -9,7 +10,7 @@
 //! (an *overflow* chunk, counted; RDMA-registered on its own when RDMA is on).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cuobj_ffi::{RegisteredBuffer, Registration};
@@ -28,7 +29,13 @@ pub struct PoolStats {
 }
 
 pub struct WritePool {
-    arena: Arena,
+    block_size: usize,
+    blocks: usize,
+    /// Pin and register the arena (RDMA).
+    register: bool,
+    /// Mapped by the first `take`.
+    arena: OnceLock<Arena>,
+    mapping: Mutex<()>,
     state: Mutex<PoolState>,
     freed: Notify,
     register_overflow: bool,
@@ -58,10 +65,18 @@ impl WritePool {
     /// `blocks` blocks of `block_size` bytes; `register`: register the arena (and overflow
     /// chunks) for RDMA.
     pub fn new(block_size: usize, blocks: usize, register: bool) -> Result<WritePool, String> {
-        let arena =
-            Arena::new(block_size, blocks, register).map_err(|e| format!("write buffers: {e}"))?;
+        if block_size == 0 || blocks == 0 {
+            return Err("write buffers: the pool needs at least one block".into());
+        }
+        block_size
+            .checked_mul(blocks)
+            .ok_or_else(|| "write buffers: size overflows".to_string())?;
         Ok(WritePool {
-            arena,
+            block_size,
+            blocks,
+            register,
+            arena: OnceLock::new(),
+            mapping: Mutex::new(()),
             state: Mutex::new(PoolState {
                 used: vec![false; blocks],
                 used_at: vec![None; blocks],
@@ -73,25 +88,54 @@ impl WritePool {
         })
     }
 
-    /// The pool's memory (for `s3rdma stats`).
-    pub fn arena(&self) -> &Arena {
-        &self.arena
+    /// The pool's memory, once the first write mapped it (for `s3rdma stats`).
+    pub fn arena(&self) -> Option<&Arena> {
+        self.arena.get()
+    }
+
+    /// The arena, mapped (pinned and registered with RDMA) on first use.
+    fn mapped(&self) -> Result<&Arena, String> {
+        if let Some(a) = self.arena.get() {
+            return Ok(a);
+        }
+        let _one = self.mapping.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = self.arena.get() {
+            return Ok(a);
+        }
+        let a = Arena::new(self.block_size, self.blocks, self.register)
+            .map_err(|e| format!("write buffers: {e}"))?;
+        tracing::info!(
+            bytes = a.len(),
+            pinned = a.pinned(),
+            registered = a.registered(),
+            "write buffers mapped by the first write"
+        );
+        Ok(self.arena.get_or_init(|| a))
+    }
+
+    /// The arena of a pool that has handed out a chunk (mapped by then).
+    fn live(&self) -> &Arena {
+        self.arena
+            .get()
+            .expect("a pool chunk exists only once its arena is mapped")
     }
 
     pub fn block_size(&self) -> usize {
-        self.arena.block_size()
+        self.block_size
     }
 
     pub fn blocks(&self) -> usize {
-        self.arena.blocks()
+        self.blocks
     }
 
+    /// Whether the write buffers are pinned (false until the first write maps them).
     pub fn pinned(&self) -> bool {
-        self.arena.pinned()
+        self.arena.get().is_some_and(|a| a.pinned())
     }
 
+    /// Whether the write buffers are registered for RDMA (false until the first write).
     pub fn registered(&self) -> bool {
-        self.arena.registered()
+        self.arena.get().is_some_and(|a| a.registered())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
@@ -102,6 +146,7 @@ impl WritePool {
     /// waiting while uploads hold blocks, else from ordinary memory.
     pub async fn take(self: &Arc<Self>, k: usize) -> Result<Chunk, String> {
         debug_assert!(k.is_power_of_two() && k <= self.blocks());
+        self.mapped()?;
         let mut waited = false;
         loop {
             let notified = self.freed.notified();
@@ -157,7 +202,10 @@ impl WritePool {
         let Some(before) = Instant::now().checked_sub(idle) else {
             return 0;
         };
-        if self.arena.pinned() {
+        let Some(arena) = self.arena.get() else {
+            return 0;
+        };
+        if arena.pinned() {
             return 0;
         }
         let mut st = self.lock();
@@ -166,7 +214,7 @@ impl WritePool {
             if !st.used[i] && st.used_at[i].is_some_and(|t| t < before) {
                 // SAFETY: the block is free, and the pool's lock (held) keeps any part from
                 // taking it until this returns.
-                unsafe { self.arena.give_back(i, 1) };
+                unsafe { arena.give_back(i, 1) };
                 st.used_at[i] = None;
                 n += 1;
             }
@@ -224,7 +272,7 @@ impl Chunk {
         match &mut self.mem {
             // SAFETY: the run is ours alone (marked used) until this chunk is dropped, and
             // `&mut self` makes this the only access.
-            Mem::Pool { start, .. } => unsafe { self.pool.arena.block_mut_run(*start, cap) },
+            Mem::Pool { start, .. } => unsafe { self.pool.live().block_mut_run(*start, cap) },
             Mem::Registered(b) => b.as_mut_slice(),
             Mem::Heap(h) => h,
         }
@@ -234,7 +282,7 @@ impl Chunk {
         let cap = self.capacity();
         match &self.mem {
             // SAFETY: as above; once uploading, nothing writes the chunk any more.
-            Mem::Pool { start, .. } => unsafe { self.pool.arena.block_run(*start, cap) },
+            Mem::Pool { start, .. } => unsafe { self.pool.live().block_run(*start, cap) },
             Mem::Registered(b) => b.as_slice(),
             Mem::Heap(h) => h,
         }
@@ -297,7 +345,7 @@ impl Part {
 
     fn window(&self) -> Option<(&Arc<Registration>, usize)> {
         match &self.chunk.mem {
-            Mem::Pool { start, .. } => self.chunk.pool.arena.registration_of(*start),
+            Mem::Pool { start, .. } => self.chunk.pool.live().registration_of(*start),
             Mem::Registered(b) => Some((b.registration(), 0)),
             Mem::Heap(_) => None,
         }
