@@ -64,7 +64,7 @@ pub fn memory_summary(cache: &cache::arena::Arena, pool: Option<&cache::arena::A
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0)
         * page;
-    let pinned = |a: &cache::arena::Arena| if a.pinned() { a.len() } else { 0 };
+    let pinned = |a: &cache::arena::Arena| a.pinned_bytes();
     format!(
         "resident_bytes={resident} cache_pinned_bytes={} write_pinned_bytes={}",
         pinned(cache),

@@ -1,18 +1,29 @@
-//! The cache's memory: one anonymous mapping cut into fixed-size blocks. For RDMA it is mlocked
-//! and registered with cuObject once per slab (a slab never exceeds the registration limit);
-//! without RDMA nothing is locked, and the kernel gives the mapping pages only as blocks are
-//! first written, so a mount that reads little holds little, and blocks left unused for a while
-//! give their pages back (`give_back`).
+//! The cache's memory: one anonymous mapping cut into fixed-size blocks. For RDMA each slab
+//! (at most the registration limit, and at most the caller's slab size) is mlocked and
+//! registered with cuObject when a block of it is first used — the first slab at once, which
+//! proves pinning and registration work — so an RDMA mount's resident memory follows its
+//! working set up to the cap. Without RDMA nothing is locked, and the kernel gives the mapping
+//! pages only as blocks are first written, so a mount that reads little holds little, and
+//! blocks left unused for a while give their pages back (`give_back`).
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cuobj_ffi::Registration;
+
+/// The slab size of the page cache: what an RDMA mount pins at a time as its cache fills.
+pub const CACHE_SLAB: usize = 64 << 20;
 
 /// One registered stretch of the arena.
 struct Slab {
     start: usize,
     len: usize,
+    /// Pinned and registered when a block of it is first used (RDMA only).
+    state: OnceLock<SlabState>,
+}
+
+struct SlabState {
+    locked: bool,
     reg: Option<Arc<Registration>>,
 }
 
@@ -21,6 +32,9 @@ pub struct Arena {
     len: usize,
     block_size: usize,
     blocks: usize,
+    /// For RDMA: register slabs as they come into use.
+    register: bool,
+    /// For RDMA, and locking is allowed: slabs are mlocked as they come into use.
     pinned: bool,
     slabs: Vec<Slab>,
 }
@@ -31,12 +45,45 @@ unsafe impl Send for Arena {}
 // SAFETY: as above.
 unsafe impl Sync for Arena {}
 
+/// Whether this process may lock `len` more bytes: RLIMIT_MEMLOCK allows it, or it has
+/// CAP_IPC_LOCK (which ignores the limit).
+fn may_lock(len: usize) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0;
+    if ok && (lim.rlim_cur == libc::RLIM_INFINITY || lim.rlim_cur >= len as u64) {
+        return true;
+    }
+    const CAP_IPC_LOCK: u32 = 14;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
 impl Arena {
-    /// Map `blocks * block_size` bytes; with `register` (RDMA), pin them and register each slab
-    /// with cuObject. A failed mlock leaves the memory unpinned (`pinned() == false`); a failed
-    /// registration leaves that slab without RDMA. Without `register` nothing is pinned: pages
-    /// come as blocks are first used.
-    pub fn new(block_size: usize, blocks: usize, register: bool) -> Result<Arena, String> {
+    /// Map `blocks * block_size` bytes, in slabs of at most `slab_bytes` (and the registration
+    /// limit; whole blocks). With `register` (RDMA) each slab is pinned and registered with
+    /// cuObject when first used, the first one now: if locking is not allowed (RLIMIT_MEMLOCK)
+    /// or fails, the memory stays unpinned (`pinned() == false`); a failed registration leaves
+    /// that slab without RDMA. Without `register` nothing is pinned: pages come as blocks are
+    /// first used.
+    pub fn new(
+        block_size: usize,
+        blocks: usize,
+        register: bool,
+        slab_bytes: usize,
+    ) -> Result<Arena, String> {
         if block_size == 0 || blocks == 0 {
             return Err("the cache needs at least one block".into());
         }
@@ -45,49 +92,76 @@ impl Arena {
             .ok_or_else(|| "cache size overflows".to_string())?;
         let base =
             cuobj_ffi::map_anonymous(len).map_err(|e| format!("cannot map the cache: {e}"))?;
-        let p = base.as_ptr().cast::<libc::c_void>();
-        // SAFETY: locking our own mapping. Only RDMA needs it (registered memory must stay).
-        let pinned = register && unsafe { libc::mlock(p, len) } == 0;
+        let max = cuobj_ffi::max_registration_size().min(slab_bytes);
+        let per_slab = (max / block_size).max(1) * block_size;
+        let mut slabs = Vec::new();
+        let mut start = 0;
+        while start < len {
+            let slab_len = per_slab.min(len - start);
+            slabs.push(Slab {
+                start,
+                len: slab_len,
+                state: OnceLock::new(),
+            });
+            start += slab_len;
+        }
         let mut arena = Arena {
             base,
             len,
             block_size,
             blocks,
-            pinned,
-            slabs: Vec::new(),
+            register,
+            pinned: register && may_lock(len),
+            slabs,
         };
-        let max = cuobj_ffi::max_registration_size();
-        let per_slab = (max / block_size).max(1) * block_size;
-        let mut start = 0;
-        while start < len {
-            let slab_len = per_slab.min(len - start);
-            let reg = if register {
-                match cuobj_ffi::client() {
-                    // SAFETY: the slab lies in our mapping, which outlives the registration
-                    // (dropped first in Drop), and is registered once.
-                    Ok(c) => match unsafe { c.register(base.as_ptr().add(start), slab_len) } {
-                        Ok(r) => Some(Arc::new(r)),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot register a cache slab with cuObject; its blocks use HTTP");
-                            None
-                        }
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no cuObject client; the cache uses HTTP");
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            arena.slabs.push(Slab {
-                start,
-                len: slab_len,
-                reg,
-            });
-            start += slab_len;
+        if register {
+            // The first slab now: pinning and registration are known to work (or not) at start.
+            let first = arena.activate(0);
+            if !first.locked {
+                arena.pinned = false;
+            }
         }
         Ok(arena)
+    }
+
+    /// Slab `i`, pinned and registered on its first use (RDMA).
+    fn activate(&self, i: usize) -> &SlabState {
+        let slab = &self.slabs[i];
+        slab.state.get_or_init(|| {
+            if !self.register {
+                return SlabState {
+                    locked: false,
+                    reg: None,
+                };
+            }
+            // SAFETY: the slab lies in our own mapping.
+            let p = unsafe { self.base.as_ptr().add(slab.start) };
+            // SAFETY: locking part of our own mapping. Only RDMA needs it (registered memory
+            // must stay put).
+            let locked = self.pinned && unsafe { libc::mlock(p.cast(), slab.len) } == 0;
+            if self.pinned && !locked {
+                tracing::warn!(
+                    bytes = slab.len,
+                    "cannot mlock a cache slab (RLIMIT_MEMLOCK too low?); it stays unpinned; raise ulimit -l or LimitMEMLOCK="
+                );
+            }
+            let reg = match cuobj_ffi::client() {
+                // SAFETY: the slab lies in our mapping, which outlives the registration
+                // (dropped first in Drop), and is registered once (OnceLock).
+                Ok(c) => match unsafe { c.register(p, slab.len) } {
+                    Ok(r) => Some(Arc::new(r)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register a cache slab with cuObject; its blocks use HTTP");
+                        None
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "no cuObject client; the cache uses HTTP");
+                    None
+                }
+            };
+            SlabState { locked, reg }
+        })
     }
 
     pub fn block_size(&self) -> usize {
@@ -106,24 +180,44 @@ impl Arena {
         self.len == 0
     }
 
-    /// Whether the memory is mlocked.
+    /// Whether an RDMA arena pins its slabs (locking allowed and the first one locked).
     pub fn pinned(&self) -> bool {
         self.pinned
     }
 
-    /// Whether every slab is registered for RDMA.
-    pub fn registered(&self) -> bool {
-        self.slabs.iter().all(|s| s.reg.is_some())
+    /// Whether slabs are registered for RDMA as they come into use (their memory then stays).
+    pub fn registering(&self) -> bool {
+        self.register
     }
 
-    /// The registration holding block `i` and the block's offset in it.
+    /// Bytes mlocked now (slabs in use, with RDMA).
+    pub fn pinned_bytes(&self) -> usize {
+        self.slabs
+            .iter()
+            .filter(|s| s.state.get().is_some_and(|st| st.locked))
+            .map(|s| s.len)
+            .sum()
+    }
+
+    /// Whether every slab in use is registered for RDMA (and one is).
+    pub fn registered(&self) -> bool {
+        let mut used = self.slabs.iter().filter_map(|s| s.state.get()).peekable();
+        used.peek().is_some() && used.all(|st| st.reg.is_some())
+    }
+
+    /// The registration holding block `i` and the block's offset in it; the slab is pinned and
+    /// registered now if this is its first use.
     pub fn registration_of(&self, i: usize) -> Option<(&Arc<Registration>, usize)> {
+        if !self.register {
+            return None;
+        }
         let off = i * self.block_size;
-        let slab = self
+        let idx = self
             .slabs
             .iter()
-            .find(|s| off >= s.start && off < s.start + s.len)?;
-        slab.reg.as_ref().map(|r| (r, off - slab.start))
+            .position(|s| off >= s.start && off < s.start + s.len)?;
+        let start = self.slabs[idx].start;
+        self.activate(idx).reg.as_ref().map(|r| (r, off - start))
     }
 
     /// Block `i`'s memory.
@@ -174,14 +268,15 @@ impl Arena {
 
 impl Arena {
     /// Give the pages of `n` blocks from block `i` back to the system: the memory stays mapped
-    /// and reads as zeros until written again. Nothing happens on a pinned arena (RDMA keeps
-    /// its registered memory); returns whether the pages went.
+    /// and reads as zeros until written again. Nothing happens on an RDMA arena (registered
+    /// memory stays); returns whether the pages went.
     ///
     /// # Safety
     /// No one may hold a slice of these blocks, nor take one until this returns.
     pub unsafe fn give_back(&self, i: usize, n: usize) -> bool {
         assert!(i + n <= self.blocks);
-        if self.pinned {
+        // Registered memory keeps its pages (the NIC may hold them), pinned or not.
+        if self.register || self.pinned {
             return false;
         }
         // SAFETY: in bounds of our own unlocked mapping; the caller promises no one uses the

@@ -201,7 +201,7 @@ impl<S: ObjectStore> Cache<S> {
         max_fetches: usize,
     ) -> Result<Cache<S>, String> {
         let rdma = s3.rdma_mode() != RdmaMode::Off;
-        let arena = Arena::new(block_size, blocks, rdma)?;
+        let arena = Arena::new(block_size, blocks, rdma, arena::CACHE_SLAB)?;
         // Only RDMA pins the cache (over HTTP its pages come as blocks are first used).
         if rdma && !arena.pinned() {
             if s3.rdma_mode() == RdmaMode::Required {
@@ -242,7 +242,7 @@ impl<S: ObjectStore> Cache<S> {
     /// cache and their pages go back to the system. Nothing on an RDMA mount (its memory is
     /// registered, so pinned). Returns the bytes given back.
     pub fn give_back_idle(&self, idle: Duration) -> u64 {
-        if self.arena.pinned() {
+        if self.arena.registering() {
             return 0;
         }
         let Some(before) = Instant::now().checked_sub(idle) else {

@@ -102,7 +102,8 @@ impl WritePool {
         if let Some(a) = self.arena.get() {
             return Ok(a);
         }
-        let a = Arena::new(self.block_size, self.blocks, self.register)
+        // One slab: a part of many blocks must lie in one registration.
+        let a = Arena::new(self.block_size, self.blocks, self.register, usize::MAX)
             .map_err(|e| format!("write buffers: {e}"))?;
         tracing::info!(
             bytes = a.len(),
@@ -205,7 +206,7 @@ impl WritePool {
         let Some(arena) = self.arena.get() else {
             return 0;
         };
-        if arena.pinned() {
+        if arena.registering() {
             return 0;
         }
         let mut st = self.lock();

@@ -286,10 +286,34 @@ fn rdma_registrations_and_tokens_are_released_at_exit() {
     let b = bucket("life-rdma");
     let data = pattern(6 << 20, 8);
     put(&b, "r", data.clone());
-    let m = Mount::new_at(&ep.url, &b, &["--rdma", "required"]);
+    let m = Mount::new_at(
+        &ep.url,
+        &b,
+        &[
+            "--rdma",
+            "required",
+            "--cache-size",
+            "256MiB",
+            "--write-buffer-size",
+            "64MiB",
+        ],
+    );
+    // [S-MEM-RDMA-SLABS] Registered (and pinned) memory follows use: the cache's first 64 MiB
+    // slab at start, no write buffers until the first write.
+    let slab = 64u64 << 20;
+    let text = mount_stats(&m.path);
+    assert_eq!(stat_value(&text, "cache_pinned_bytes"), slab, "{text}");
+    assert_eq!(stat_value(&text, "write_pinned_bytes"), 0, "{text}");
+    assert_eq!(stat_value(&text, "rdma_registered_bytes"), slab, "{text}");
     assert!(std::fs::read(m.join("r")).unwrap() == data);
     std::fs::write(m.join("w"), &data).unwrap();
     let text = mount_stats(&m.path);
+    assert_eq!(stat_value(&text, "write_pinned_bytes"), 64 << 20, "{text}");
+    assert_eq!(
+        stat_value(&text, "rdma_registered_bytes"),
+        stat_value(&text, "cache_pinned_bytes") + (64 << 20),
+        "{text}"
+    );
     assert!(stat_value(&text, "rdma_registrations") >= 2, "{text}");
     assert!(
         stat_value(&text, "rdma_registered_bytes") >= 128 << 20,
