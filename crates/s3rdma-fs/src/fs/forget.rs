@@ -105,4 +105,27 @@ impl<S: ObjectStore> S3Fs<S> {
             "inodes the kernel forgot were dropped"
         );
     }
+
+    /// The kernel forgets every entry but those of open files, as `drop_caches` makes it do
+    /// (for tests).
+    #[cfg(test)]
+    pub(super) fn forget_all_but_open(&self) {
+        use super::OpenFile;
+        let open: std::collections::HashSet<u64> = self
+            .lock_files()
+            .values()
+            .map(|f| match &**f {
+                OpenFile::Read(ino, _)
+                | OpenFile::Write(ino, _)
+                | OpenFile::Disk(ino, _)
+                | OpenFile::Staged(ino, _, _) => *ino,
+            })
+            .collect();
+        for ino in self.inodes.inos() {
+            if !open.contains(&ino) {
+                self.do_forget(ino, u64::MAX);
+            }
+        }
+        self.retry_pinned_now();
+    }
 }

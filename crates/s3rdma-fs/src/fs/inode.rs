@@ -571,6 +571,12 @@ impl InodeTable {
         self.read().by_ino.len()
     }
 
+    /// Every inode number in the table (for tests).
+    #[cfg(test)]
+    pub fn inos(&self) -> Vec<u64> {
+        self.read().by_ino.keys().copied().collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

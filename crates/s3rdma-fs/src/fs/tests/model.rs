@@ -2,7 +2,8 @@
 //! mkdir, rmdir, chmod, utimes, truncate to any size, edits in place and appends (staged files),
 //! symbolic links, read handles kept open, a file kept open for writing with fsync and written
 //! on after it), another client's PUTs and DELETEs (including keys no Linux path can name and
-//! keys that clash with directories), outages during a write, and remounts,
+//! keys that clash with directories), outages during a write, the kernel forgetting its
+//! entries (FORGET), and remounts,
 //! run on `S3Fs` over the in-memory store with every TTL at 0. After every step the model —
 //! the bucket's keys as SEMANTICS.md says each operation leaves them, plus the directories made
 //! in this mount — is compared with the bucket and with what the filesystem shows (listings,
@@ -135,6 +136,8 @@ enum Step {
         target: usize,
     },
     Remount,
+    /// The kernel forgets every entry but those of open files (`drop_caches`) [S-NS-FORGET].
+    ForgetAll,
 }
 
 fn size() -> impl Strategy<Value = usize> {
@@ -169,6 +172,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Fsync),
         1 => (0..PATHS.len(), any::<u32>()).prop_map(|(path, secs)| Step::Utimes { path, secs }),
         1 => Just(Step::Remount),
+        2 => Just(Step::ForgetAll),
         3 => (0..PATHS.len(), any::<u8>(), size(), any::<u8>()).prop_map(|(path, at, size, seed)| Step::Edit { path, at, size: size.min(70_000), seed }),
         2 => (0..PATHS.len(), size(), any::<u8>()).prop_map(|(path, size, seed)| Step::Append { path, size: size.min(70_000), seed }),
         1 => (0..PATHS.len(), size()).prop_map(|(path, size)| Step::TruncateTo { path, size }),
@@ -780,6 +784,8 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             setattr_step(f, m, PATHS[path], set, "utimes", |o| o.mtime = Some(t))?;
         }
         Step::CloseWrite => close_writer(f, m)?,
+        // Nothing the user can see changes.
+        Step::ForgetAll => f.fs.forget_all_but_open(),
         Step::Remount => {
             close_writer(f, m)?;
             for h in m.reads.drain(..) {
