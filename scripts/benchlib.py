@@ -17,7 +17,7 @@ ENV = dict(os.environ, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, AWS_
 
 def free_base(n):
     for _ in range(200):
-        base = random.randrange(20000, 40000)
+        base = random.randrange(12000, 32000)  # below the ephemeral range
         socks = []
         try:
             for p in range(base, base + n):

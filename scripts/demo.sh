@@ -23,7 +23,7 @@ trap cleanup EXIT
 port=$(python3 - <<'EOF'
 import socket, random
 for _ in range(200):
-    base = random.randrange(20000, 40000)
+    base = random.randrange(12000, 32000)  # below the ephemeral range
     socks = []
     try:
         for p in range(base, base + 8):

@@ -44,13 +44,23 @@ pub fn work_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("s3rdma-it")
 }
 
+/// Ports for servers: below Linux's ephemeral range (32768 and up by default), so that no
+/// outgoing connection of this or another test can take a port of a server that is being
+/// restarted (seen in CI: the filer's port taken while the server was down).
+const PORTS_FROM: u16 = 12000;
+const PORTS_TO: u16 = 32000;
+
+fn block_is_free(base: u16, n: u16) -> bool {
+    (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok())
+}
+
 fn free_port_block(n: u16) -> u16 {
     // Try bases until n consecutive loopback ports are all free.
     let seed = std::process::id() as u16;
+    let span = PORTS_TO - PORTS_FROM - n;
     for i in 0..200u16 {
-        let base = 20000 + (seed.wrapping_mul(7).wrapping_add(i * 37)) % 20000;
-        let all_free = (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok());
-        if all_free {
+        let base = PORTS_FROM + (seed.wrapping_mul(7).wrapping_add(i.wrapping_mul(37))) % span;
+        if block_is_free(base, n) {
             return base;
         }
     }
@@ -153,6 +163,11 @@ impl OwnServer {
     /// Start the server again on the same directory and ports; returns once it serves.
     pub fn restart(&mut self) {
         self.kill();
+        // The killed server's sockets may take a moment to go.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !block_is_free(self.port, 8) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let child = spawn_seaweed(&self.dir, self.port).expect("start SeaweedFS");
         self.child = Some(child);
         wait_until_ready(&self.endpoint, &self.dir, Duration::from_secs(90));
