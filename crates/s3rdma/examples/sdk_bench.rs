@@ -8,7 +8,7 @@
 //!   sdk_bench ENDPOINT BUCKET put-files PREFIX COUNT SIZE STREAMS
 //!   sdk_bench ENDPOINT BUCKET put-tree PREFIX DIRS FILES_PER_DIR STREAMS   (1-byte files dNNNN/fNNNNN)
 //!   sdk_bench ENDPOINT BUCKET upload KEY SIZE PART_SIZE STREAMS   (timed multipart upload)
-//!   sdk_bench ENDPOINT BUCKET make-bucket | drop-bucket      (drop: objects, uploads, bucket)
+//!   sdk_bench ENDPOINT BUCKET make-bucket | drop-bucket      (make: one already ours is fine; drop: objects, uploads, bucket)
 //!   sdk_bench ENDPOINT BUCKET list PREFIX                 (seconds to list a "directory")
 //!   sdk_bench ENDPOINT BUCKET latency PREFIX COUNT        (median ms to the first byte of a GET)
 //!   sdk_bench ENDPOINT BUCKET put-dir DIR PREFIX STREAMS  (seconds to upload a local tree)
@@ -385,11 +385,15 @@ async fn main() {
             return;
         }
         "make-bucket" => {
-            c.create_bucket()
-                .bucket(&bucket)
-                .send()
-                .await
-                .expect("CreateBucket");
+            // A bucket kept from an earlier run (the memory walk's) is there already.
+            if let Err(e) = c.create_bucket().bucket(&bucket).send().await {
+                let owned = e.as_service_error().is_some_and(|s| {
+                    s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()
+                });
+                if !owned {
+                    panic!("CreateBucket: {e:?}");
+                }
+            }
             return;
         }
         "drop-bucket" => {
