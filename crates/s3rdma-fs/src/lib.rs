@@ -29,28 +29,39 @@ pub fn rdma_live_summary() -> String {
 /// thread): memory one FUSE worker freed (inode entries the kernel forgot) is then reused by
 /// the next walk whichever worker serves it, instead of each arena keeping its own high-water
 /// mark. The hot paths (reads, uploads) do not allocate per call, so the arenas see little
-/// contention. And a fixed mmap threshold of 256 KiB: a large buffer (fuser's 16 MiB request
-/// buffer per FUSE worker, HTTP bodies) is always its own mapping, whose pages are touched only
-/// as used and go back to the system when freed — glibc's default raises the threshold after
-/// the first such free, after which `calloc` zeroes (so touches) every later 16 MiB buffer in
-/// the heap. Call before threads start.
+/// contention. And a fixed mmap threshold of 4 MiB: a large buffer (fuser's 16 MiB request
+/// buffer per FUSE worker) is always its own mapping, whose pages are touched only as used and
+/// go back to the system when freed — glibc's default raises the threshold after the first
+/// such free, after which `calloc` zeroes (so touches) every later 16 MiB buffer in the heap —
+/// while buffers of a read or an HTTP body (up to 1 MiB) are reused from the heap rather than
+/// mapped, faulted in and unmapped on every call. Call before threads start.
 pub fn limit_heap_arenas() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets allocator tunables.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
     }
 }
 
 /// Hand the allocator's free memory back to the system (glibc keeps freed heap, such as
-/// the inode entries FORGET dropped, for reuse otherwise).
-pub fn trim_heap() {
+/// the inode entries FORGET dropped, for reuse otherwise) when at least 16 MiB of it is free,
+/// or `anyway`: trimming walks the whole heap, too much to do every tick of a mount holding
+/// millions of entries. Blocking: call it off the async runtime's workers.
+pub fn trim_heap(anyway: bool) {
     #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks and trims the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let free = unsafe { libc::mallinfo2() }.fordblks;
+        if anyway || free >= 16 << 20 {
+            // SAFETY: malloc_trim only walks and trims the allocator's own free lists.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
     }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = anyway;
 }
 
 /// This process's resident memory (`resident_bytes=…`, from /proc/self/statm), and how much of

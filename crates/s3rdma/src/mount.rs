@@ -237,7 +237,7 @@ pub fn run(settings: Settings) -> ! {
                 tick.tick().await;
                 let bytes = cache.give_back_idle(idle)
                     + pool.as_ref().map_or(0, |p| p.give_back_idle(idle));
-                s3rdma_fs::trim_heap();
+                let _ = tokio::task::spawn_blocking(move || s3rdma_fs::trim_heap(bytes > 0)).await;
                 if bytes > 0 {
                     tracing::debug!(
                         bytes,

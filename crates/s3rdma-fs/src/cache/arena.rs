@@ -212,11 +212,9 @@ impl Arena {
             return None;
         }
         let off = i * self.block_size;
-        let idx = self
-            .slabs
-            .iter()
-            .position(|s| off >= s.start && off < s.start + s.len)?;
-        let start = self.slabs[idx].start;
+        // Every slab but the last has the first one's length.
+        let idx = off / self.slabs.first()?.len;
+        let start = self.slabs.get(idx)?.start;
         self.activate(idx).reg.as_ref().map(|r| (r, off - start))
     }
 
@@ -289,6 +287,31 @@ impl Arena {
                 libc::MADV_DONTNEED,
             ) == 0
         }
+    }
+}
+
+impl Arena {
+    /// Give back the pages of the blocks in `sorted` (ascending), one `madvise` per run of
+    /// adjacent blocks; returns how many blocks gave their pages back.
+    ///
+    /// # Safety
+    /// As [`Arena::give_back`], for every block listed.
+    pub unsafe fn give_back_blocks(&self, sorted: &[usize]) -> usize {
+        let mut done = 0;
+        let mut k = 0;
+        while k < sorted.len() {
+            let start = sorted[k];
+            let mut n = 1;
+            while k + n < sorted.len() && sorted[k + n] == start + n {
+                n += 1;
+            }
+            // SAFETY: the caller's promise, for each block of the run.
+            if unsafe { self.give_back(start, n) } {
+                done += n;
+            }
+            k += n;
+        }
+        done
     }
 }
 

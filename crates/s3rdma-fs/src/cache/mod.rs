@@ -248,15 +248,17 @@ impl<S: ObjectStore> Cache<S> {
         let Some(before) = Instant::now().checked_sub(idle) else {
             return 0;
         };
-        let mut inner = self.lock();
-        let slots = inner.idle_slots(before);
-        for &i in &slots {
-            // SAFETY: the slot has no reader and is free; the cache's lock, held until this
-            // loop ends, keeps anyone from claiming it meanwhile.
-            unsafe { self.arena.give_back(i, 1) };
+        // Taken out of the free list under the lock, given back without it (readers of
+        // other blocks go on meanwhile), then free again.
+        let slots = self.lock().detach_idle(before);
+        if slots.is_empty() {
+            return 0;
         }
-        drop(inner);
-        let bytes = (slots.len() * self.arena.block_size()) as u64;
+        // SAFETY: each slot has no reader, is not being filled and is in no list, so no one
+        // can claim it until it is put back below.
+        let blocks = unsafe { self.arena.give_back_blocks(&slots) };
+        self.lock().free.extend(slots.iter().rev());
+        let bytes = (blocks * self.arena.block_size()) as u64;
         self.stats.given_back.fetch_add(bytes, Ordering::Relaxed);
         bytes
     }
@@ -552,7 +554,9 @@ impl Inner {
 
     /// Slots with no reader, unused since `before` and still holding pages: each leaves the
     /// cache (a ready block is dropped as an eviction would) and is marked as holding none.
-    fn idle_slots(&mut self, before: Instant) -> Vec<usize> {
+    /// Slots unused since `before` with no reader and not being filled, made free and taken
+    /// out of the free list (ascending): the caller puts them back.
+    fn detach_idle(&mut self, before: Instant) -> Vec<usize> {
         let mut out = Vec::new();
         for i in 0..self.slots.len() {
             let s = &mut self.slots[i];
@@ -568,7 +572,10 @@ impl Inner {
                     self.map.remove(&k);
                 }
                 s.state = State::Free;
-                self.free.push(i);
+            } else if let Some(at) = self.free.iter().position(|&f| f == i) {
+                self.free.swap_remove(at);
+            } else {
+                continue;
             }
             s.used_at = None;
             out.push(i);

@@ -28,7 +28,8 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The kernel forgot `n` entries of `ino`.
     pub(super) fn do_forget(&self, ino: u64, n: u64) {
         let pinned = |i| self.pinned(i);
-        let out = self.inodes.forget(ino, n, &pinned);
+        let keep = |parent, name: &str| self.ns.known.keep_name(parent, name);
+        let out = self.inodes.forget(ino, n, &pinned, &keep);
         self.forgotten(out);
     }
 
@@ -52,7 +53,8 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Pinned inodes whose pin has gone are dropped now.
     pub(super) fn retry_pinned_now(&self) {
         let pinned = |i| self.pinned(i);
-        let out = self.inodes.retry_deferred(&pinned);
+        let keep = |parent, name: &str| self.ns.known.keep_name(parent, name);
+        let out = self.inodes.retry_deferred(&pinned, &keep);
         self.forgotten(out);
     }
 
@@ -84,8 +86,8 @@ impl<S: ObjectStore> S3Fs<S> {
             || self.attrs.holds(ino)
     }
 
-    /// What went with a forget: a dropped directory's listing and known names; a name dropped
-    /// from a directory that stays is asked about again, not taken as absent.
+    /// What went with a forget: a dropped directory's listing and known names (a name dropped
+    /// from a directory that stays was kept in its known names as it went).
     fn forgotten(&self, out: Forgotten) {
         if out.dropped == 0 {
             return;
@@ -93,9 +95,6 @@ impl<S: ObjectStore> S3Fs<S> {
         for ino in &out.dirs {
             self.ns.listings.forget(*ino);
             self.ns.known.forget(*ino);
-        }
-        for (parent, name) in &out.names {
-            self.ns.known.keep_name(*parent, name);
         }
         self.ns
             .inodes_dropped

@@ -319,8 +319,6 @@ pub struct Forgotten {
     pub dropped: usize,
     /// Directories whose entries went: their listings and known names go too.
     pub dirs: Vec<u64>,
-    /// Names dropped from directories that stay: (parent, name).
-    pub names: Vec<(u64, String)>,
 }
 
 pub struct InodeTable {
@@ -465,7 +463,15 @@ impl InodeTable {
     /// dropped unless `pinned` says something in this mount still needs it (then it is tried
     /// again by [`InodeTable::retry_deferred`]); children the kernel never held go with a
     /// directory, and a parent kept only for this child goes with it.
-    pub fn forget(&self, ino: u64, n: u64, pinned: &dyn Fn(u64) -> bool) -> Forgotten {
+    /// `keep(parent, name)` is told of each name leaving a directory that stays, while the
+    /// table still holds it (under the table's lock: `keep` must not use the table).
+    pub fn forget(
+        &self,
+        ino: u64,
+        n: u64,
+        pinned: &dyn Fn(u64) -> bool,
+        keep: &dyn Fn(u64, &str),
+    ) -> Forgotten {
         {
             let t = self.read();
             let Some(i) = t.by_ino.get(&ino) else {
@@ -482,18 +488,22 @@ impl InodeTable {
             }
         }
         let mut out = Forgotten::default();
-        self.collect(ino, pinned, &mut out);
+        self.collect(ino, pinned, keep, &mut out);
         out
     }
 
     /// Try again the inodes whose drop something pinned.
-    pub fn retry_deferred(&self, pinned: &dyn Fn(u64) -> bool) -> Forgotten {
+    pub fn retry_deferred(
+        &self,
+        pinned: &dyn Fn(u64) -> bool,
+        keep: &dyn Fn(u64, &str),
+    ) -> Forgotten {
         let inos: Vec<u64> = std::mem::take(&mut self.write().deferred)
             .into_iter()
             .collect();
         let mut out = Forgotten::default();
         for ino in inos {
-            self.collect(ino, pinned, &mut out);
+            self.collect(ino, pinned, keep, &mut out);
         }
         out
     }
@@ -504,7 +514,13 @@ impl InodeTable {
     }
 
     /// Drop `ino` (and what goes with it) if nothing holds it.
-    fn collect(&self, mut ino: u64, pinned: &dyn Fn(u64) -> bool, out: &mut Forgotten) {
+    fn collect(
+        &self,
+        mut ino: u64,
+        pinned: &dyn Fn(u64) -> bool,
+        keep: &dyn Fn(u64, &str),
+        out: &mut Forgotten,
+    ) {
         while ino != ROOT_INO {
             // What would go: the inode and its children the kernel never held. Pins are asked
             // without the table's lock (they take locks of their own).
@@ -547,6 +563,12 @@ impl InodeTable {
                 }
                 t.deferred.remove(&c.ino);
             }
+            let parent = inode.parent;
+            let parent_kept = t.by_ino.contains_key(&parent);
+            if parent_kept {
+                // Before the name leaves: a lookup meanwhile finds it in one place or the other.
+                keep(parent, inode.name());
+            }
             t.dirs.remove(&ino);
             t.by_ino.remove(&ino);
             t.deferred.remove(&ino);
@@ -555,13 +577,10 @@ impl InodeTable {
             if inode.kind == Kind::Dir {
                 out.dirs.push(ino);
             }
-            let parent = inode.parent;
-            let parent_kept = t.by_ino.contains_key(&parent);
             drop(t);
             if !parent_kept {
                 return;
             }
-            out.names.push((parent, inode.name().to_string()));
             // The parent may have been kept only for this child.
             ino = parent;
         }
@@ -665,6 +684,7 @@ mod tests {
     }
 
     const NOTHING_PINNED: &dyn Fn(u64) -> bool = &|_| false;
+    const NO_KEEP: &dyn Fn(u64, &str) = &|_, _| {};
 
     #[test]
     fn an_entry_keeps_its_key_once_and_its_name_as_a_slice_of_it() {
@@ -693,24 +713,30 @@ mod tests {
         let g = t.upsert_child(d.ino, "g", Kind::File, "d/g".into());
         assert_eq!(t.len(), 4);
         // The directory stays while the kernel holds a child.
-        assert_eq!(t.forget(d.ino, 1, NOTHING_PINNED).dropped, 0);
-        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 0);
+        assert_eq!(t.forget(d.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 0);
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 0);
         assert_eq!(t.get(f.ino).map(|i| i.kernel_refs()), Some(1));
         // The last entry of f: f goes, then d (kept only for f) with g.
-        let out = t.forget(f.ino, 1, NOTHING_PINNED);
+        let kept = std::sync::Mutex::new(Vec::new());
+        let keep = |p: u64, n: &str| kept.lock().unwrap().push((p, n.to_string()));
+        let out = t.forget(f.ino, 1, NOTHING_PINNED, &keep);
         assert_eq!(out.dropped, 3);
         assert_eq!(out.dirs, vec![d.ino]);
-        assert!(out.names.contains(&(d.ino, "f".to_string())));
-        assert!(out.names.contains(&(ROOT_INO, "d".to_string())));
+        let kept = kept.into_inner().unwrap();
+        assert!(kept.contains(&(d.ino, "f".to_string())));
+        assert!(kept.contains(&(ROOT_INO, "d".to_string())));
         assert_eq!(t.len(), 1);
         assert!(t.get(f.ino).is_none() && t.child(ROOT_INO, "d").is_none());
         // Looked up again: a new number; numbers are never reused.
         let d2 = t.upsert_child(ROOT_INO, "d", Kind::Dir, "d/".into());
         assert!(d2.ino > g.ino);
         // A forget of a number the table no longer has changes nothing.
-        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED), Forgotten::default());
+        assert_eq!(
+            t.forget(f.ino, 1, NOTHING_PINNED, NO_KEEP),
+            Forgotten::default()
+        );
         // The root is never dropped.
-        assert_eq!(t.forget(ROOT_INO, 1, NOTHING_PINNED).dropped, 0);
+        assert_eq!(t.forget(ROOT_INO, 1, NOTHING_PINNED, NO_KEEP).dropped, 0);
         assert!(t.get(ROOT_INO).is_some());
     }
 
@@ -721,13 +747,13 @@ mod tests {
         t.remember(&f);
         let pinned = std::sync::atomic::AtomicBool::new(true);
         let pin = |i: u64| i == f.ino && pinned.load(Ordering::Relaxed);
-        assert_eq!(t.forget(f.ino, 1, &pin).dropped, 0);
+        assert_eq!(t.forget(f.ino, 1, &pin, NO_KEEP).dropped, 0);
         assert_eq!(t.deferred(), 1);
         assert_eq!(t.child(ROOT_INO, "f").map(|i| i.ino), Some(f.ino));
-        assert_eq!(t.retry_deferred(&pin).dropped, 0);
+        assert_eq!(t.retry_deferred(&pin, NO_KEEP).dropped, 0);
         assert_eq!(t.deferred(), 1);
         pinned.store(false, Ordering::Relaxed);
-        assert_eq!(t.retry_deferred(&pin).dropped, 1);
+        assert_eq!(t.retry_deferred(&pin, NO_KEEP).dropped, 1);
         assert_eq!(t.deferred(), 0);
         assert!(t.get(f.ino).is_none());
         // A directory with a pinned child the kernel never held (a file being written that
@@ -736,9 +762,9 @@ mod tests {
         t.remember(&d);
         let w = t.upsert_child(d.ino, "w", Kind::File, "d/w".into());
         let pin_w = |i: u64| i == w.ino;
-        assert_eq!(t.forget(d.ino, 1, &pin_w).dropped, 0);
+        assert_eq!(t.forget(d.ino, 1, &pin_w, NO_KEEP).dropped, 0);
         assert!(t.get(d.ino).is_some() && t.get(w.ino).is_some());
-        assert_eq!(t.retry_deferred(NOTHING_PINNED).dropped, 2);
+        assert_eq!(t.retry_deferred(NOTHING_PINNED, NO_KEEP).dropped, 2);
     }
 
     #[test]
@@ -746,19 +772,19 @@ mod tests {
         let t = InodeTable::new("");
         let f = t.upsert_child(ROOT_INO, "f", Kind::File, "f".into());
         // A FORGET of an earlier entry drops it between a lookup finding it and the reply.
-        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 1);
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 1);
         t.remember(&f);
         assert_eq!(t.get(f.ino).map(|i| i.kernel_refs()), Some(1));
         assert_eq!(t.child(ROOT_INO, "f").map(|i| i.ino), Some(f.ino));
         // If another lookup took the name meanwhile, the old number stays reachable by number
         // only: no name ever has two numbers.
         let g = t.upsert_child(ROOT_INO, "g", Kind::File, "g".into());
-        assert_eq!(t.forget(g.ino, 1, NOTHING_PINNED).dropped, 1);
+        assert_eq!(t.forget(g.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 1);
         let g2 = t.upsert_child(ROOT_INO, "g", Kind::File, "g".into());
         t.remember(&g);
         assert_eq!(t.child(ROOT_INO, "g").map(|i| i.ino), Some(g2.ino));
         assert!(t.get(g.ino).is_some());
-        assert_eq!(t.forget(g.ino, 1, NOTHING_PINNED).dropped, 1);
+        assert_eq!(t.forget(g.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 1);
         assert_eq!(t.child(ROOT_INO, "g").map(|i| i.ino), Some(g2.ino));
     }
 
@@ -771,10 +797,10 @@ mod tests {
         let moved = t.rename(f.ino, ROOT_INO, "g", "g".into()).unwrap();
         assert_eq!(moved.kernel_refs(), 2);
         assert!(t.child(ROOT_INO, "f").is_none());
-        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 0);
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 0);
         t.remove_child(ROOT_INO, "g");
         assert!(t.get(f.ino).is_some());
-        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED).dropped, 1);
+        assert_eq!(t.forget(f.ino, 1, NOTHING_PINNED, NO_KEEP).dropped, 1);
         assert_eq!(t.len(), 1);
     }
 }

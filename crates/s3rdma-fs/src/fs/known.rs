@@ -106,29 +106,38 @@ impl KnownDirs {
         }
     }
 
-    /// The inode table let go of `name` in directory `ino` (the kernel forgot it): from now
-    /// on the name is answered from here, so one this mount made after the listing must be
-    /// here too (as listed: a lookup asks about it).
+    /// The inode table is letting go of `name` in directory `ino` (the kernel forgot it): from
+    /// now on the name is answered from here, so one this mount made after the listing must be
+    /// here too (as listed: a lookup asks about it). Called before the name leaves the table,
+    /// so no lookup in between finds neither; atomic per directory (concurrent forgets of two
+    /// names of one directory both stay).
     pub fn keep_name(&self, ino: u64, name: &str) {
         let Some(c) = &self.cache else { return };
-        let Some(n) = c.get(&ino) else { return };
-        let Some(names) = &n.names else { return };
         let h = self.hasher.hash_one(name);
-        if names.contains(&h) {
-            return;
-        }
-        if names.len() == MAX_NAMES {
-            return self.large(ino, n.at);
-        }
-        let mut names = names.clone();
-        names.insert(h);
-        c.insert(
-            ino,
-            Arc::new(Names {
+        c.entry(ino).and_compute_with(|cur| {
+            let Some(cur) = cur else {
+                return moka::ops::compute::Op::Nop;
+            };
+            let n = cur.value();
+            let Some(names) = &n.names else {
+                return moka::ops::compute::Op::Nop;
+            };
+            if names.contains(&h) {
+                return moka::ops::compute::Op::Nop;
+            }
+            if names.len() == MAX_NAMES {
+                return moka::ops::compute::Op::Put(Arc::new(Names {
+                    at: n.at,
+                    names: None,
+                }));
+            }
+            let mut names = names.clone();
+            names.insert(h);
+            moka::ops::compute::Op::Put(Arc::new(Names {
                 at: n.at,
                 names: Some(names),
-            }),
-        );
+            }))
+        });
     }
 
     /// What is known of `name` in directory `ino` (whose inode has no child of that name).

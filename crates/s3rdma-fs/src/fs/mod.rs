@@ -468,7 +468,15 @@ impl<S: ObjectStore> S3Fs<S> {
         }
     }
 
+    /// LOOKUP: the entry `name` of `parent`, handed to the kernel (counted until it forgets).
     fn do_lookup(&self, parent: u64, name: &OsStr) -> FsResult<FileAttr> {
+        let (inode, stat) = self.resolve(parent, name)?;
+        Ok(self.entry(&inode, &stat))
+    }
+
+    /// The inode and attributes of `name` in `parent` (asking S3 if the inode table has no
+    /// fresh answer), for the mount's own use: not counted as handed to the kernel.
+    fn resolve(&self, parent: u64, name: &OsStr) -> FsResult<(Arc<Inode>, Stat)> {
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
@@ -479,13 +487,13 @@ impl<S: ObjectStore> S3Fs<S> {
         let now = Instant::now();
         if let Some(child) = self.inodes.child(parent, name) {
             if let Some(stat) = self.local_stat(child.ino) {
-                return Ok(self.entry(&child, &stat));
+                return Ok((child, stat));
             }
             if child.kind == Kind::Dir && self.is_local_dir(child.ino) {
-                return Ok(self.entry(&child, &self.dir_stat()));
+                return Ok((child, self.dir_stat()));
             }
             if let Some(stat) = child.fresh_stat(now) {
-                return Ok(self.entry(&child, &stat));
+                return Ok((child, stat));
             }
         }
         let key = names::child_key(p.key(), name);
@@ -509,7 +517,7 @@ impl<S: ObjectStore> S3Fs<S> {
                                 .upsert_child(parent, name, kind, child.key().to_string())
                         };
                         child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                        return Ok(self.entry(&child, &stat));
+                        return Ok((child, stat));
                     }
                 }
             }
@@ -527,7 +535,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 .upsert_child(parent, name, Kind::Dir, dir_prefix);
             let stat = self.dir_stat();
             child.set_stat(stat.clone(), self.ttl_from(now));
-            return Ok(self.entry(&child, &stat));
+            return Ok((child, stat));
         }
         match probe.file {
             Some(info) => {
@@ -552,7 +560,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 let kind = Kind::of_object(stat.meta.as_ref());
                 let child = self.inodes.upsert_child(parent, name, kind, key);
                 child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                Ok(self.entry(&child, &stat))
+                Ok((child, stat))
             }
             None => {
                 if let Some(child) = self.inodes.child(parent, name) {

@@ -122,9 +122,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The existing child `name` of `parent` (asking S3 if the inode table has no fresh
     /// answer).
     fn existing_child(&self, parent: u64, name: &OsStr) -> FsResult<Arc<Inode>> {
-        self.do_lookup(parent, name)?;
-        let name = name.to_str().ok_or(Errno::ENOENT)?;
-        self.inodes.child(parent, name).ok_or(Errno::ENOENT)
+        self.resolve(parent, name).map(|(inode, _)| inode)
     }
 
     pub(super) fn do_mkdir(&self, parent: u64, name: &OsStr, mode: u32) -> FsResult<FileAttr> {
@@ -278,8 +276,8 @@ impl<S: ObjectStore> S3Fs<S> {
         if dst_key == src.key() {
             return Ok(());
         }
-        let dst = match self.do_lookup(new_parent, OsStr::new(new_name)) {
-            Ok(_) => self.inodes.child(new_parent, new_name),
+        let dst = match self.resolve(new_parent, OsStr::new(new_name)) {
+            Ok((inode, _)) => Some(inode),
             Err(Errno::ENOENT) => None,
             Err(e) => return Err(e),
         };

@@ -86,12 +86,12 @@ impl<S: ObjectStore> Uploader<S> {
         (1usize << doublings).min(self.max_blocks)
     }
 
-    /// The largest file this mount can write: 10,000 parts of the growing sizes.
     /// The write buffers.
     pub fn pool(&self) -> Arc<WritePool> {
         self.pool.clone()
     }
 
+    /// The largest file this mount can write: 10,000 parts of the growing sizes.
     pub fn max_file_size(&self) -> u64 {
         let block = self.pool.block_size() as u64;
         (1..=MAX_PARTS)

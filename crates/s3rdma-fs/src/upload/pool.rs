@@ -209,17 +209,30 @@ impl WritePool {
         if arena.registering() {
             return 0;
         }
-        let mut st = self.lock();
-        let mut n = 0;
-        for i in 0..st.used.len() {
-            if !st.used[i] && st.used_at[i].is_some_and(|t| t < before) {
-                // SAFETY: the block is free, and the pool's lock (held) keeps any part from
-                // taking it until this returns.
-                unsafe { arena.give_back(i, 1) };
+        // Marked used under the lock (no part can take them), given back without it, then
+        // free again.
+        let idle: Vec<usize> = {
+            let mut st = self.lock();
+            let idle: Vec<usize> = (0..st.used.len())
+                .filter(|&i| !st.used[i] && st.used_at[i].is_some_and(|t| t < before))
+                .collect();
+            for &i in &idle {
+                st.used[i] = true;
                 st.used_at[i] = None;
-                n += 1;
             }
+            idle
+        };
+        if idle.is_empty() {
+            return 0;
         }
+        // SAFETY: the blocks are marked used, so no part holds or takes them until freed below.
+        let n = unsafe { arena.give_back_blocks(&idle) };
+        let mut st = self.lock();
+        for &i in &idle {
+            st.used[i] = false;
+        }
+        drop(st);
+        self.freed.notify_waiters();
         (n * self.block_size()) as u64
     }
 

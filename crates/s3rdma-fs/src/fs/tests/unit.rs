@@ -2,12 +2,14 @@
 //! conditional writes and aborts, rename/unlink/setattr, and the requests each costs.
 #![cfg(test)]
 
+use std::ffi::OsStr;
 use std::time::{Duration, UNIX_EPOCH};
 
-use fuser::{Errno, FileType};
+use fuser::{Errno, FileType, RenameFlags};
 use s3rdma_client::testing::{Fault, Op};
 use s3rdma_client::S3ErrorKind;
 
+use super::super::inode::ROOT_INO;
 use super::super::namespace::SetAttr;
 use super::BLOCK;
 use super::{exists, pattern, strict_config, Fx};
@@ -666,4 +668,31 @@ fn inodes_the_kernel_forgets_are_dropped_unless_the_mount_still_needs_them() {
     // The root and m.
     assert_eq!(get("inodes"), 2, "{stats}");
     assert!(get("inodes_dropped") >= 5, "{stats}");
+}
+
+// [S-NS-FORGET]
+#[test]
+fn only_entries_handed_to_the_kernel_are_counted_so_exact_forgets_drop_them() {
+    // The kernel forgets exactly as many lookups as it was handed: the mount's own lookups
+    // (unlink, rmdir, rename of source and target) must not count, or what they touched (and
+    // every directory above it) would stay for the life of the mount.
+    let fx = Fx::with_config(strict_config());
+    for k in ["d/a", "d/b", "d/c"] {
+        fx.mem().put_external(k, b"1");
+    }
+    let root_only = fx.fs.inodes.len();
+    let look = |parent: u64, name: &str| fx.fs.do_lookup(parent, OsStr::new(name)).unwrap().ino.0;
+    let d = look(ROOT_INO, "d");
+    let (a, b, c) = (look(d, "a"), look(d, "b"), look(d, "c"));
+    let e = fx.fs.do_mkdir(d, OsStr::new("e"), 0o755).unwrap().ino.0;
+    fx.fs
+        .do_rename(d, OsStr::new("a"), d, OsStr::new("b"), RenameFlags::empty())
+        .unwrap();
+    fx.fs.do_unlink(d, OsStr::new("c")).unwrap();
+    fx.fs.do_rmdir(d, OsStr::new("e")).unwrap();
+    for ino in [a, b, c, e, d] {
+        fx.fs.do_forget(ino, 1);
+    }
+    fx.fs.retry_pinned_now();
+    assert_eq!(fx.fs.inodes.len(), root_only, "{}", fx.fs.stats_text());
 }
