@@ -352,6 +352,7 @@ impl<S: ObjectStore> Cache<S> {
             )
         })?;
         let offset = key.index * self.arena.block_size() as u64;
+        self.arena.prefault(slot, len);
         // SAFETY: the slot is Filling and we are its only holder until we mark it Ready.
         let buf = unsafe { self.arena.block_mut(slot, len) };
         let result = match (self.s3.rdma_mode(), self.arena.registration_of(slot)) {
