@@ -318,6 +318,10 @@ fn inode_numbers_are_stable() {
     let b = bucket("inodes");
     put(&b, "d/f", b"1".to_vec());
     let m = Mount::new(&b, &["--metadata-ttl", "100ms"]);
+    // Held open: numbers are stable while the kernel holds the names [S-NS-FORGET], and
+    // another test's drop_caches may make it forget names nothing holds.
+    let _hold_f = std::fs::File::open(m.join("d/f")).unwrap();
+    let _hold_d = std::fs::File::open(m.join("d")).unwrap();
     let f1 = std::fs::metadata(m.join("d/f")).unwrap().ino();
     let d1 = std::fs::metadata(m.join("d")).unwrap().ino();
     std::thread::sleep(Duration::from_millis(300));
