@@ -94,13 +94,13 @@ impl Stat {
     }
 }
 
-/// A [`Stat`] as an inode keeps it: the ETag and the stored attributes boxed (most entries,
-/// from listings, have no attributes), so each of millions of entries stays small.
+/// A [`Stat`] as an inode keeps it: the ETag compact and the stored attributes boxed (most
+/// entries, from listings, have no attributes), so each of millions of entries stays small.
 #[derive(Clone, Debug)]
 struct KeptStat {
     size: u64,
     mtime: SystemTime,
-    etag: Box<str>,
+    etag: KeptEtag,
     meta: Option<Box<FileMeta>>,
 }
 
@@ -109,7 +109,7 @@ impl From<Stat> for KeptStat {
         KeptStat {
             size: s.size,
             mtime: s.mtime,
-            etag: s.etag.into_boxed_str(),
+            etag: KeptEtag::new(s.etag),
             meta: s.meta.map(Box::new),
         }
     }
@@ -120,8 +120,63 @@ impl From<&KeptStat> for Stat {
         Stat {
             size: k.size,
             mtime: k.mtime,
-            etag: k.etag.to_string(),
+            etag: k.etag.text(),
             meta: k.meta.as_deref().cloned(),
+        }
+    }
+}
+
+/// An ETag as an inode keeps it: the usual one (a quoted MD5, 32 lowercase hex digits: what
+/// S3 gives an object stored by one PUT) as its 16 bytes, 40 bytes less per entry than the
+/// text on the heap; any other as written. [`KeptEtag::text`] gives back the same text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum KeptEtag {
+    Md5([u8; 16]),
+    Text(Box<str>),
+}
+
+impl KeptEtag {
+    fn new(etag: String) -> Self {
+        fn nibble(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        }
+        let b = etag.as_bytes();
+        if b.len() == 34 && b[0] == b'"' && b[33] == b'"' {
+            let mut md5 = [0u8; 16];
+            let ok = md5.iter_mut().enumerate().all(|(i, out)| {
+                match (nibble(b[1 + 2 * i]), nibble(b[2 + 2 * i])) {
+                    (Some(hi), Some(lo)) => {
+                        *out = hi << 4 | lo;
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if ok {
+                return KeptEtag::Md5(md5);
+            }
+        }
+        KeptEtag::Text(etag.into_boxed_str())
+    }
+
+    fn text(&self) -> String {
+        match self {
+            KeptEtag::Text(t) => t.to_string(),
+            KeptEtag::Md5(md5) => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut s = String::with_capacity(34);
+                s.push('"');
+                for &byte in md5 {
+                    s.push(HEX[(byte >> 4) as usize] as char);
+                    s.push(HEX[(byte & 15) as usize] as char);
+                }
+                s.push('"');
+                s
+            }
         }
     }
 }
@@ -681,6 +736,24 @@ mod tests {
         f.invalidate();
         assert!(f.fresh_stat(now).is_none());
         assert_eq!(f.last_stat(), Some(s));
+    }
+
+    #[test]
+    fn an_md5_etag_is_kept_in_16_bytes_and_every_etag_reads_back_as_written() {
+        let md5 = "\"0123456789abcdef0123456789abcdef\"".to_string();
+        assert!(matches!(KeptEtag::new(md5.clone()), KeptEtag::Md5(_)));
+        for etag in [
+            md5,
+            "\"ffffffffffffffffffffffffffffffff\"".into(),
+            "\"0123456789ABCDEF0123456789abcdef\"".into(), // upper case: kept as text
+            "\"0123456789abcdef0123456789abcdef-3\"".into(), // multipart
+            "0123456789abcdef0123456789abcdef".into(),     // unquoted
+            "\"0123456789abcdef0123456789abcdeg\"".into(),
+            String::new(),
+        ] {
+            assert_eq!(KeptEtag::new(etag.clone()).text(), etag);
+        }
+        assert!(std::mem::size_of::<KeptEtag>() <= 24);
     }
 
     const NOTHING_PINNED: &dyn Fn(u64) -> bool = &|_| false;
