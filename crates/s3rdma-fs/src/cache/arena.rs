@@ -345,3 +345,32 @@ impl Drop for Arena {
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pages of `len` bytes from `p` resident now (mincore).
+    fn resident(p: *const u8, len: usize) -> usize {
+        let mut v = vec![0u8; len.div_ceil(4096)];
+        // SAFETY: `p` is page-aligned in our mapping; `v` has one byte per page.
+        let r = unsafe { libc::mincore(p as *mut _, len, v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v.iter().filter(|b| **b & 1 == 1).count()
+    }
+
+    #[test]
+    fn prefault_brings_in_exactly_the_block_about_to_be_filled_and_give_back_takes_it_away() {
+        const BS: usize = 1 << 20;
+        let a = Arena::new(BS, 4, false, CACHE_SLAB).unwrap();
+        // SAFETY: every index used is within the 4-block mapping.
+        let block = |i: usize| unsafe { a.base.as_ptr().add(i * BS) as *const u8 };
+        assert_eq!(resident(block(1), BS), 0);
+        a.prefault(1, BS - 100);
+        assert_eq!(resident(block(1), BS), BS / 4096);
+        assert_eq!(resident(block(0), BS) + resident(block(2), BS), 0);
+        // SAFETY: no one holds these blocks.
+        assert_eq!(unsafe { a.give_back_blocks(&[0, 1, 3]) }, 3);
+        assert_eq!(resident(block(1), BS), 0);
+    }
+}

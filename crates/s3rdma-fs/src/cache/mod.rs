@@ -553,10 +553,9 @@ impl Inner {
         self.lru.insert(*clock, slot);
     }
 
-    /// Slots with no reader, unused since `before` and still holding pages: each leaves the
-    /// cache (a ready block is dropped as an eviction would) and is marked as holding none.
-    /// Slots unused since `before` with no reader and not being filled, made free and taken
-    /// out of the free list (ascending): the caller puts them back.
+    /// Slots with no reader, not being filled, unused since `before` and still holding pages:
+    /// each leaves the cache (a ready block is dropped as an eviction would), is marked as
+    /// holding none and is taken out of the free list (ascending): the caller puts them back.
     fn detach_idle(&mut self, before: Instant) -> Vec<usize> {
         let mut out = Vec::new();
         for i in 0..self.slots.len() {
