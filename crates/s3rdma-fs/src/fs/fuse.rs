@@ -65,6 +65,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if failed > 0 {
             warn!(failed, "attribute changes of some files could not be stored as the mount ended (each is logged above)");
         }
+        self.finish_renames();
         let control = self.control();
         let aborted = self.rt.block_on(async {
             tokio::time::timeout(

@@ -8,6 +8,7 @@
 
 pub mod attrs;
 pub mod control;
+mod deletes;
 pub mod dir;
 mod forget;
 mod fuse;
@@ -163,6 +164,8 @@ pub struct S3Fs<S: ObjectStore> {
     failures: Failures,
     /// Attribute changes of stored files waiting to be written back.
     attrs: Arc<attrs::Writeback<S>>,
+    /// Deletes of renamed sources, finished in the background.
+    deletes: Arc<deletes::Deletes<S>>,
     notifier: Arc<OnceLock<Notifier>>,
     mount_time: SystemTime,
 }
@@ -289,6 +292,7 @@ impl<S: ObjectStore> S3Fs<S> {
         ));
         S3Fs {
             attrs,
+            deletes: Arc::new(deletes::Deletes::new(s3.clone(), rt.clone())),
             rt,
             s3,
             cache,
@@ -497,6 +501,7 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let key = names::child_key(p.key(), name);
+        self.deletes.wait_name(&key, &names::dir_prefix_of(&key));
         if self.negative_hit(&key) || self.known_absent(&p, name, now)? {
             return Err(Errno::ENOENT);
         }
@@ -940,6 +945,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// One full ListObjectsV2 walk of the directory.
     fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
+        self.deletes.wait_prefix(inode.key());
         let mut builder = DirBuilder::new(inode.key());
         let result: Result<(), S3Error> = self.rt.block_on(async {
             let mut token = None;
@@ -985,6 +991,12 @@ impl<S: ObjectStore> S3Fs<S> {
         self.attrs.flush_all()
     }
 
+    /// Wait for the deletes that finish renames (the end of the mount); how many were still
+    /// running when the wait ended.
+    pub fn finish_renames(&self) -> usize {
+        self.deletes.wait_all(deletes::END_WAIT)
+    }
+
     /// The live counters, one `name value` per line.
     pub fn stats_text(&self) -> String {
         let writes = self
@@ -1003,10 +1015,11 @@ impl<S: ObjectStore> S3Fs<S> {
             .map(|a| a.summary())
             .unwrap_or_default();
         format!(
-            "{} {} {writes} {stage} {disk} {} {} {} open_files={files} files_being_written={writing} inodes={} inodes_dropped={} inodes_pinned={} {}",
+            "{} {} {writes} {stage} {disk} {} {} {} {} open_files={files} files_being_written={writing} inodes={} inodes_dropped={} inodes_pinned={} {}",
             self.s3.stats().summary(),
             self.cache.stats.summary(),
             self.attrs.summary(),
+            self.deletes.summary(),
             crate::memory_summary(
                 self.cache.arena(),
                 self.writes.uploader.as_ref().and_then(|u| u.pool.arena())

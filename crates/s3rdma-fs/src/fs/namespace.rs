@@ -116,6 +116,9 @@ impl<S: ObjectStore> S3Fs<S> {
             Errno::EINVAL
         })?;
         names::check_name(name).map_err(|b| errno(b.errno()))?;
+        // Something is to be stored under this name: a rename's delete of it finishes first.
+        let key = names::child_key(p.key(), name);
+        self.deletes.wait_name(&key, &names::dir_prefix_of(&key));
         Ok((p, name))
     }
 
@@ -179,6 +182,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if !self.local_files_in(child.ino).is_empty() || !self.local_dirs_in(child.ino).is_empty() {
             return Err(Errno::ENOTEMPTY);
         }
+        self.deletes.wait_prefix(child.key());
         let page = self
             .rt
             .block_on(self.s3.list_page(child.key(), Some("/"), None, 2))
@@ -344,11 +348,9 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(p) = &pending {
             self.attrs.renamed(p, p.base.etag == info.etag);
         }
-        if let Err(e) = self.rt.block_on(self.s3.delete_object(src.key())) {
-            // The copy exists; the source could not be removed: both names now exist.
-            warn!(key = %src.key(), to = %dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
-            return Err(errno(e.errno()));
-        }
+        // The copy holds the bytes and attributes: the source's delete finishes in the
+        // background (see `deletes`).
+        self.deletes.start(src.key(), &dst_key);
         let stat = Stat::from(&ObjectInfo {
             key: dst_key.clone(),
             size: info.size,

@@ -111,12 +111,22 @@ impl Fx {
         let (store, cfg) = (self.store.clone(), self.cfg.clone());
         // What the FUSE session's end (`destroy`) does first.
         self.fs.store_pending_attrs();
+        self.fs.finish_renames();
         drop(self);
         Fx::over(store, cfg)
     }
 
+    /// The bucket, as another client sees it once the mount's background work of renames
+    /// (the sources' deletes) is done: tests look at the bucket, or change it as another
+    /// client, after the mount's calls returned.
     pub fn mem(&self) -> &MemStore {
+        self.fs.finish_renames();
         self.store.inner()
+    }
+
+    /// Whether the bucket holds `key` (a test helper that counts no request).
+    pub fn exists(&self, key: &str) -> bool {
+        self.mem().info(key).is_some()
     }
 
     /// The inode of `path` ("" is the root), looked up one name at a time as the kernel does.
@@ -333,11 +343,6 @@ impl Fx {
         }
         self.mem().pending_uploads().is_empty()
     }
-}
-
-/// Whether the store answers HeadObject for `key` (a test helper that counts no request).
-pub(super) fn exists(store: &Store, key: &str) -> bool {
-    store.inner().info(key).is_some()
 }
 
 /// Bytes that differ from one offset to the next and from one seed to another.

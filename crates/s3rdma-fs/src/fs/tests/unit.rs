@@ -12,7 +12,7 @@ use s3rdma_client::S3ErrorKind;
 use super::super::inode::ROOT_INO;
 use super::super::namespace::SetAttr;
 use super::BLOCK;
-use super::{exists, pattern, strict_config, Fx};
+use super::{pattern, strict_config, Fx};
 
 // [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-DIRS]
 #[test]
@@ -159,7 +159,7 @@ fn a_failed_part_fails_close_stores_nothing_and_aborts_the_upload() {
     // A failed single PUT: nothing is stored.
     fx.store.fail(Op::Put, S3ErrorKind::AccessDenied, 1);
     assert_eq!(fx.write("new", b"x").unwrap_err(), Errno::EACCES);
-    assert!(!exists(&fx.store, "new"));
+    assert!(!fx.exists("new"));
 }
 
 // [S-WRITE-ALL-OR-NOTHING] [S-FAULT-OUTAGE]
@@ -210,7 +210,7 @@ fn a_seek_back_fails_with_einval_and_stores_nothing() {
     fx.fs.do_write(fh, 0, &vec![7u8; BLOCK + 1]).unwrap();
     assert_eq!(fx.fs.do_write(fh, 0, b"H").unwrap_err(), Errno::EINVAL);
     assert_eq!(fx.close(fh).unwrap_err(), Errno::EINVAL);
-    assert!(!exists(&fx.store, "s"));
+    assert!(!fx.exists("s"));
 }
 
 // [S-WRITE-WHILE-WRITING]
@@ -223,7 +223,7 @@ fn a_file_being_written_shows_its_size_and_refuses_other_opens() {
     assert_eq!(fx.ls("").unwrap(), ["w"]);
     assert_eq!(fx.open_read("w").unwrap_err(), Errno::EBUSY);
     assert_eq!(fx.unlink("w").unwrap_err(), Errno::EBUSY);
-    assert!(!exists(&fx.store, "w"));
+    assert!(!fx.exists("w"));
     fx.close(fh).unwrap();
     assert_eq!(fx.mem().data("w").unwrap(), vec![7; 1000]);
 }
@@ -236,7 +236,7 @@ fn rename_is_a_conditional_copy_then_a_delete() {
     fx.mem().put_external("d/dst", b"replaced");
     fx.rename("d/src", "d/dst").unwrap();
     assert_eq!(fx.mem().data("d/dst").unwrap(), b"payload");
-    assert!(!exists(&fx.store, "d/src"));
+    assert!(!fx.exists("d/src"));
     assert_eq!(fx.mem().requests(Op::Copy), 1);
     assert_eq!(fx.mem().requests(Op::Delete), 1);
     // A source changed since it was looked up: ESTALE, nothing copied.
@@ -249,9 +249,50 @@ fn rename_is_a_conditional_copy_then_a_delete() {
         1,
     );
     assert_eq!(fx.rename("a", "b").unwrap_err(), Errno::ESTALE);
-    assert!(!exists(&fx.store, "b"));
+    assert!(!fx.exists("b"));
     // Directories are not renamed: mv copies them.
     assert_eq!(fx.rename("d", "e").unwrap_err(), Errno::EXDEV);
+}
+
+// [S-NS-RENAME]
+#[test]
+fn a_renames_delete_runs_in_the_background_and_the_old_name_waits_for_it() {
+    let fx = Fx::new();
+    fx.mem().put_external("d/src", b"payload");
+    fx.mem().put_external("d/other", b"x");
+    fx.resolve("d/src").unwrap();
+    // The source's delete takes a second: the rename returns without it.
+    fx.store
+        .inject(Some(Op::Delete), Fault::Stall(Duration::from_secs(1)), 1, 1);
+    fx.rename("d/src", "d/dst").unwrap();
+    assert!(
+        fx.store.inner().info("d/src").is_some(),
+        "the rename waited for its delete"
+    );
+    // This mount does not show the old name meanwhile: a listing or a lookup of it waits.
+    assert_eq!(fx.ls("d").unwrap(), ["dst", "other"]);
+    assert_eq!(fx.stat("d/src").unwrap_err(), Errno::ENOENT);
+    // A file made under the old name right after is stored after the delete, not deleted by it.
+    fx.store.inject(
+        Some(Op::Delete),
+        Fault::Stall(Duration::from_millis(300)),
+        1,
+        1,
+    );
+    fx.rename("d/dst", "d/src").unwrap();
+    fx.write("d/dst", b"again").unwrap();
+    assert_eq!(fx.mem().data("d/dst").unwrap(), b"again");
+    assert_eq!(fx.mem().data("d/src").unwrap(), b"payload");
+    let stats = fx.fs.stats_text();
+    assert!(stats.contains("rename_deletes 2\n"), "{stats}");
+    assert!(stats.contains("rename_deletes_running 0\n"), "{stats}");
+    // A delete that fails leaves both names on the server, counted (the rename had returned).
+    fx.store.fail(Op::Delete, S3ErrorKind::ServerError, 1);
+    fx.rename("d/other", "d/moved").unwrap();
+    assert_eq!(fx.mem().data("d/moved").unwrap(), b"x");
+    assert!(fx.exists("d/other"));
+    let stats = fx.fs.stats_text();
+    assert!(stats.contains("rename_deletes_failed 1\n"), "{stats}");
 }
 
 // [S-NS-UNLINK] [S-NS-MKDIR]
@@ -261,7 +302,7 @@ fn unlink_mkdir_and_rmdir() {
     fx.mem().put_external("dir/f", b"x");
     assert_eq!(fx.rmdir("dir").unwrap_err(), Errno::ENOTEMPTY);
     fx.unlink("dir/f").unwrap();
-    assert!(!exists(&fx.store, "dir/f"));
+    assert!(!fx.exists("dir/f"));
     assert_eq!(fx.stat("dir").unwrap_err(), Errno::ENOENT);
     fx.mkdir("made").unwrap();
     assert_eq!(fx.mkdir("made").unwrap_err(), Errno::EEXIST);
@@ -281,11 +322,11 @@ fn unlink_mkdir_and_rmdir() {
     cfg.dir_markers = true;
     let fx = super::Fx::over(fx.store.clone(), cfg);
     fx.mkdir("marked").unwrap();
-    assert!(exists(&fx.store, "marked/"));
+    assert!(fx.exists("marked/"));
     let fx = fx.remount();
     assert_eq!(fx.stat("marked").unwrap().kind, FileType::Directory);
     fx.rmdir("marked").unwrap();
-    assert!(!exists(&fx.store, "marked/"));
+    assert!(!fx.exists("marked/"));
 }
 
 // [S-NS-SETATTR]
@@ -478,7 +519,7 @@ fn fsync_and_opens_for_writing_write_attributes_back_first_and_unlink_drops_them
     fx.unlink("f").unwrap();
     assert_eq!(fx.fs.store_pending_attrs(), 0);
     assert_eq!(fx.mem().requests(Op::Copy), copies);
-    assert!(!exists(&fx.store, "f"));
+    assert!(!fx.exists("f"));
 }
 
 // [S-NS-ATTR-WRITEBACK]
