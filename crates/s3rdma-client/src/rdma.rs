@@ -9,6 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use s3rdma_metrics::{load, Histogram, Report, Sink, Value};
+
 use aws_sdk_s3::config::interceptors::{
     BeforeDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextMut,
 };
@@ -67,6 +69,91 @@ pub struct TransportStats {
     /// Whether `pause` holds anything (declines or a pause): read without its lock on every
     /// RDMA request.
     pause_engaged: std::sync::atomic::AtomicBool,
+    /// Latency of every S3 request, by operation and transport (index: [`S3Request`] ×
+    /// [`Transport`]).
+    latency: [[Histogram; 2]; S3Request::ALL.len()],
+}
+
+/// The S3 operations this mount sends (a label of the latency histograms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum S3Request {
+    Head,
+    List,
+    Get,
+    Put,
+    CreateMultipart,
+    UploadPart,
+    CompleteMultipart,
+    AbortMultipart,
+    UploadPartCopy,
+    Copy,
+    Delete,
+}
+
+impl S3Request {
+    pub const ALL: [S3Request; 11] = [
+        S3Request::Head,
+        S3Request::List,
+        S3Request::Get,
+        S3Request::Put,
+        S3Request::CreateMultipart,
+        S3Request::UploadPart,
+        S3Request::CompleteMultipart,
+        S3Request::AbortMultipart,
+        S3Request::UploadPartCopy,
+        S3Request::Copy,
+        S3Request::Delete,
+    ];
+
+    /// The S3 API's name of the operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            S3Request::Head => "HeadObject",
+            S3Request::List => "ListObjectsV2",
+            S3Request::Get => "GetObject",
+            S3Request::Put => "PutObject",
+            S3Request::CreateMultipart => "CreateMultipartUpload",
+            S3Request::UploadPart => "UploadPart",
+            S3Request::CompleteMultipart => "CompleteMultipartUpload",
+            S3Request::AbortMultipart => "AbortMultipartUpload",
+            S3Request::UploadPartCopy => "UploadPartCopy",
+            S3Request::Copy => "CopyObject",
+            S3Request::Delete => "DeleteObject",
+        }
+    }
+
+    /// Its line prefix in `s3rdma stats`.
+    fn stat(self) -> &'static str {
+        match self {
+            S3Request::Head => "s3_head",
+            S3Request::List => "s3_list",
+            S3Request::Get => "s3_get",
+            S3Request::Put => "s3_put",
+            S3Request::CreateMultipart => "s3_create_multipart",
+            S3Request::UploadPart => "s3_upload_part",
+            S3Request::CompleteMultipart => "s3_complete_multipart",
+            S3Request::AbortMultipart => "s3_abort_multipart",
+            S3Request::UploadPartCopy => "s3_upload_part_copy",
+            S3Request::Copy => "s3_copy",
+            S3Request::Delete => "s3_delete",
+        }
+    }
+}
+
+/// How a request's body moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Http = 0,
+    Rdma = 1,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Http => "http",
+            Transport::Rdma => "rdma",
+        }
+    }
 }
 
 /// Declines in a row before `rdma=auto` stops sending tokens for a while.
@@ -84,10 +171,13 @@ struct Pause {
     next: std::time::Duration,
 }
 
-/// One S3 request under way: counted in `requests_in_flight` until dropped.
+/// One S3 request under way: counted in `requests_in_flight` until dropped, when its time
+/// goes into the latency histogram of its operation and transport.
 pub struct RequestTimer {
     pub start: std::time::Instant,
     stats: Arc<TransportStats>,
+    op: S3Request,
+    transport: Transport,
 }
 
 impl Drop for RequestTimer {
@@ -95,16 +185,19 @@ impl Drop for RequestTimer {
         self.stats
             .requests_in_flight
             .fetch_sub(1, Ordering::Relaxed);
+        self.stats.latency[self.op as usize][self.transport as usize].observe(self.start.elapsed());
     }
 }
 
 impl TransportStats {
     /// A request starts now.
-    pub fn request(self: &Arc<Self>) -> RequestTimer {
+    pub fn request(self: &Arc<Self>, op: S3Request, transport: Transport) -> RequestTimer {
         self.requests_in_flight.fetch_add(1, Ordering::Relaxed);
         RequestTimer {
             start: std::time::Instant::now(),
             stats: self.clone(),
+            op,
+            transport,
         }
     }
 
@@ -203,23 +296,101 @@ impl TransportStats {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// One line for logs: `rdma_read=… http_read=… …`.
+    /// One line for logs: `rdma_bytes_read=… http_bytes_read=… …`.
     pub fn summary(&self) -> String {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        format!(
-            "rdma_bytes_read={} rdma_bytes_written={} http_bytes_read={} http_bytes_written={} tokens={} declines={} fallbacks={} rdma_pauses={} rdma_paused_requests={} reply_errors={} requests_in_flight={}",
-            g(&self.rdma_bytes_read),
-            g(&self.rdma_bytes_written),
-            g(&self.http_bytes_read),
-            g(&self.http_bytes_written),
-            g(&self.tokens_minted),
-            g(&self.declines),
-            g(&self.fallbacks),
-            g(&self.rdma_pauses),
-            g(&self.rdma_paused_requests),
-            g(&self.reply_errors),
-            g(&self.requests_in_flight),
-        )
+        let mut all = s3rdma_metrics::Collected::default();
+        self.report(&mut all);
+        all.values
+            .iter()
+            .map(|v| format!("{}={}", v.stat, v.value))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+impl Report for TransportStats {
+    fn report(&self, out: &mut dyn Sink) {
+        const MOVED: &str = "Object bytes moved, by direction and transport.";
+        for (stat, direction, transport, c) in [
+            ("rdma_bytes_read", "read", "rdma", &self.rdma_bytes_read),
+            (
+                "rdma_bytes_written",
+                "written",
+                "rdma",
+                &self.rdma_bytes_written,
+            ),
+            ("http_bytes_read", "read", "http", &self.http_bytes_read),
+            (
+                "http_bytes_written",
+                "written",
+                "http",
+                &self.http_bytes_written,
+            ),
+        ] {
+            let labels: &[(&str, &str)] = &[("direction", direction), ("transport", transport)];
+            out.value(Value::counter(stat, MOVED, load(c)).exported("transfer_bytes", labels));
+        }
+        out.value(
+            Value::counter(
+                "tokens",
+                "RDMA tokens minted (one per RDMA attempt).",
+                load(&self.tokens_minted),
+            )
+            .exported("rdma_tokens", &[]),
+        );
+        out.value(
+            Value::counter(
+                "declines",
+                "Requests the endpoint declined to serve over RDMA.",
+                load(&self.declines),
+            )
+            .exported("rdma_declines", &[]),
+        );
+        out.value(
+            Value::counter(
+                "fallbacks",
+                "Declined requests moved over HTTP instead (rdma=auto).",
+                load(&self.fallbacks),
+            )
+            .exported("rdma_fallbacks", &[]),
+        );
+        out.value(Value::counter(
+            "rdma_pauses",
+            "Times rdma=auto stopped sending tokens after declines in a row.",
+            load(&self.rdma_pauses),
+        ));
+        out.value(Value::counter(
+            "rdma_paused_requests",
+            "Requests sent over HTTP without trying RDMA during a pause.",
+            load(&self.rdma_paused_requests),
+        ));
+        out.value(
+            Value::counter(
+                "reply_errors",
+                "RDMA replies that did not match the request (refused, moved over HTTP or failed).",
+                load(&self.reply_errors),
+            )
+            .exported("rdma_reply_errors", &[]),
+        );
+        out.value(
+            Value::gauge(
+                "requests_in_flight",
+                "S3 requests sent and not yet answered.",
+                load(&self.requests_in_flight),
+            )
+            .exported("s3_requests_in_flight", &[]),
+        );
+        for op in S3Request::ALL {
+            for t in [Transport::Http, Transport::Rdma] {
+                out.histogram(
+                    &format!("{}_{}", op.stat(), t.name()),
+                    "s3_request_seconds",
+                    &[("operation", op.name()), ("transport", t.name())],
+                    "Time from sending an S3 request to its answer (retries each count), by operation and transport.",
+                    &self.latency[op as usize][t as usize],
+                );
+            }
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use cuobj_ffi::Op;
 use tracing::{debug, Instrument};
 
-use crate::rdma::{RdmaMode, TransportStats};
+use crate::rdma::{RdmaMode, S3Request, Transport, TransportStats};
 use crate::store::{Condition, ListPage, ObjectInfo, ObjectStore, PutSource, RdmaWindow};
 use crate::{FileMeta, S3Error, S3ErrorKind};
 
@@ -196,7 +196,7 @@ impl ObjectStore for S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let start = self.stats.request();
+            let start = self.stats.request(S3Request::Head, Transport::Http);
             let res = self
                 .client
                 .head_object()
@@ -233,7 +233,7 @@ impl ObjectStore for S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let start = self.stats.request();
+            let start = self.stats.request(S3Request::List, Transport::Http);
             let res = self
                 .client
                 .list_objects_v2()
@@ -315,7 +315,7 @@ impl ObjectStore for S3Client {
                 self.stats.clone(),
                 seen.clone(),
             );
-            let start = self.stats.request();
+            let start = self.stats.request(S3Request::Get, Transport::Rdma);
             let mut req = self
                 .rdma_client
                 .get_object()
@@ -398,7 +398,7 @@ impl ObjectStore for S3Client {
         );
         async {
             let rdma = self
-                .rdma_upload("PutObject", key, &data, |icpt| {
+                .rdma_upload(S3Request::Put, key, &data, |icpt| {
                     self.rdma_client
                         .put_object()
                         .bucket(&self.bucket)
@@ -416,7 +416,7 @@ impl ObjectStore for S3Client {
             if let Some(out) = rdma {
                 return Ok(out.e_tag().map(quoted_etag).unwrap_or_default());
             }
-            let start = self.stats.request();
+            let start = self.stats.request(S3Request::Put, Transport::Http);
             let res = self
                 .client
                 .put_object()
@@ -467,7 +467,7 @@ impl ObjectStore for S3Client {
         );
         async {
             let rdma = self
-                .rdma_upload("UploadPart", key, &data, |icpt| {
+                .rdma_upload(S3Request::UploadPart, key, &data, |icpt| {
                     self.rdma_client
                         .upload_part()
                         .bucket(&self.bucket)
@@ -484,7 +484,7 @@ impl ObjectStore for S3Client {
             if let Some(out) = rdma {
                 return Ok(out.e_tag().map(quoted_etag).unwrap_or_default());
             }
-            let start = self.stats.request();
+            let start = self.stats.request(S3Request::UploadPart, Transport::Http);
             let res = self
                 .client
                 .upload_part()
@@ -513,7 +513,9 @@ impl ObjectStore for S3Client {
 
     /// CreateMultipartUpload of an object that will carry `meta`.
     async fn create_multipart_with(&self, key: &str, meta: &FileMeta) -> Result<String, S3Error> {
-        let start = self.stats.request();
+        let start = self
+            .stats
+            .request(S3Request::CreateMultipart, Transport::Http);
         let res = self
             .client
             .create_multipart_upload()
@@ -553,7 +555,9 @@ impl ObjectStore for S3Client {
                     .collect(),
             ))
             .build();
-        let start = self.stats.request();
+        let start = self
+            .stats
+            .request(S3Request::CompleteMultipart, Transport::Http);
         let res = self
             .client
             .complete_multipart_upload()
@@ -573,7 +577,9 @@ impl ObjectStore for S3Client {
 
     /// AbortMultipartUpload: drops every part uploaded so far.
     async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), S3Error> {
-        let start = self.stats.request();
+        let start = self
+            .stats
+            .request(S3Request::AbortMultipart, Transport::Http);
         let res = self
             .client
             .abort_multipart_upload()
@@ -589,7 +595,7 @@ impl ObjectStore for S3Client {
 
     /// DeleteObject (deleting a missing key succeeds, as in S3).
     async fn delete_object(&self, key: &str) -> Result<(), S3Error> {
-        let start = self.stats.request();
+        let start = self.stats.request(S3Request::Delete, Transport::Http);
         let res = self
             .client
             .delete_object()
@@ -614,7 +620,7 @@ impl ObjectStore for S3Client {
     ) -> Result<String, S3Error> {
         let source = format!("{}/{}", self.bucket, encode_key(&src.key));
         if src.size <= single_limit.min(5 << 30) {
-            let start = self.stats.request();
+            let start = self.stats.request(S3Request::Copy, Transport::Http);
             let res = self
                 .client
                 .copy_object()
@@ -673,7 +679,9 @@ impl ObjectStore for S3Client {
         range: std::ops::Range<u64>,
     ) -> Result<String, S3Error> {
         let source = format!("{}/{}", self.bucket, encode_key(src_key));
-        let start = self.stats.request();
+        let start = self
+            .stats
+            .request(S3Request::UploadPartCopy, Transport::Http);
         let res = self
             .client
             .upload_part_copy()
@@ -725,7 +733,7 @@ impl ObjectStore for S3Client {
             // (reset, stall, short) is fetched again here, within the same attempt budget.
             let mut attempt = 1;
             loop {
-                let start = self.stats.request();
+                let start = self.stats.request(S3Request::Get, Transport::Http);
                 let mut req = self
                     .client
                     .get_object()
@@ -763,7 +771,7 @@ impl S3Client {
     /// an error otherwise. Does nothing (`None`) for plain memory, `rdma=off` or no bytes.
     async fn rdma_upload<O, E, Fut>(
         &self,
-        op: &'static str,
+        req: S3Request,
         key: &str,
         data: &PutSource<'_>,
         send: impl FnOnce(TokenInterceptor) -> Fut,
@@ -792,8 +800,9 @@ impl S3Client {
             self.stats.clone(),
             seen.clone(),
         );
-        let start = self.stats.request();
+        let start = self.stats.request(req, Transport::Rdma);
         let res = send(icpt).await;
+        let op = req.name();
         log_outcome(op, key, start, &res);
         match res {
             Ok(out) => {

@@ -15,14 +15,25 @@ pub mod read;
 pub mod stage;
 pub mod upload;
 
-/// The cuObject resources this process holds now: `rdma_registrations=… rdma_registered_bytes=…
-/// rdma_tokens_live=…` (all 0 after a clean shutdown).
-pub fn rdma_live_summary() -> String {
+/// The cuObject resources this process holds now (all 0 after a clean shutdown).
+pub fn report_rdma_live(out: &mut dyn s3rdma_metrics::Sink) {
+    use s3rdma_metrics::Value;
     let l = cuobj_ffi::live();
-    format!(
-        "rdma_registrations={} rdma_registered_bytes={} rdma_tokens_live={}",
-        l.registrations, l.registered_bytes, l.tokens
-    )
+    out.value(Value::gauge(
+        "rdma_registrations",
+        "Memory registrations held with the cuObject library.",
+        l.registrations as u64,
+    ));
+    out.value(Value::gauge(
+        "rdma_registered_bytes",
+        "Bytes registered with the cuObject library.",
+        l.registered_bytes as u64,
+    ));
+    out.value(Value::gauge(
+        "rdma_tokens_live",
+        "RDMA tokens not yet released.",
+        l.tokens as u64,
+    ));
 }
 
 /// At most 2 allocator arenas for the whole daemon (glibc makes up to 8 per core, one per busy
@@ -64,10 +75,14 @@ pub fn trim_heap(anyway: bool) {
     let _ = anyway;
 }
 
-/// This process's resident memory (`resident_bytes=…`, from /proc/self/statm), and how much of
-/// the page cache and the write pool is pinned (`cache_pinned_bytes=…`, `write_pinned_bytes=…`;
-/// 0 without RDMA, where they take memory as used).
-pub fn memory_summary(cache: &cache::arena::Arena, pool: Option<&cache::arena::Arena>) -> String {
+/// This process's resident memory (from /proc/self/statm), and how much of the page cache
+/// and the write pool is pinned (0 without RDMA, where they take memory as used).
+pub fn report_memory(
+    cache: &cache::arena::Arena,
+    pool: Option<&cache::arena::Arena>,
+    out: &mut dyn s3rdma_metrics::Sink,
+) {
+    use s3rdma_metrics::Value;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     let resident = std::fs::read_to_string("/proc/self/statm")
@@ -75,10 +90,20 @@ pub fn memory_summary(cache: &cache::arena::Arena, pool: Option<&cache::arena::A
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0)
         * page;
-    let pinned = |a: &cache::arena::Arena| a.pinned_bytes();
-    format!(
-        "resident_bytes={resident} cache_pinned_bytes={} write_pinned_bytes={}",
+    let pinned = |a: &cache::arena::Arena| a.pinned_bytes() as u64;
+    out.value(Value::gauge(
+        "resident_bytes",
+        "The daemon's resident memory.",
+        resident,
+    ));
+    out.value(Value::gauge(
+        "cache_pinned_bytes",
+        "Page cache memory pinned (and registered) for RDMA.",
         pinned(cache),
-        pool.map_or(0, pinned)
-    )
+    ));
+    out.value(Value::gauge(
+        "write_pinned_bytes",
+        "Write pool memory pinned (and registered) for RDMA.",
+        pool.map_or(0, pinned),
+    ));
 }

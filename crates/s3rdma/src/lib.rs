@@ -6,6 +6,7 @@ pub mod cli;
 pub mod daemon;
 pub mod lifecycle;
 pub mod logging;
+pub mod metrics;
 pub mod mount;
 mod robustness;
 pub mod startup;

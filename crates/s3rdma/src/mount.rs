@@ -55,7 +55,6 @@ pub fn run(settings: Settings) -> ! {
         Err(msg) => readiness.fail(&msg),
     }
     let s3 = rt.block_on(S3Client::new(&s3_opts));
-    let stats = s3.stats().clone();
     if let Err(msg) = rt.block_on(startup::check_bucket(&s3, &settings.prefix)) {
         readiness.fail(&msg);
     }
@@ -167,6 +166,23 @@ pub fn run(settings: Settings) -> ! {
         }
     }
     let control = fs.control();
+    let report: Arc<dyn s3rdma_metrics::Report + Send + Sync> = Arc::new(fs.reporter());
+    if let Some(addr) = settings.metrics_addr {
+        match rt.block_on(crate::metrics::bind(addr)) {
+            Ok(listener) => {
+                let info = crate::metrics::Info {
+                    version: crate::cli::VERSION.to_string(),
+                    provider: cuobj_ffi::provider().to_string(),
+                    // The mode in effect (auto without an RDMA device runs as off).
+                    rdma: format!("{:?}", s3_opts.rdma).to_lowercase(),
+                    bucket: settings.bucket.clone(),
+                    prefix: settings.prefix.clone(),
+                };
+                rt.spawn(crate::metrics::serve(listener, report.clone(), info));
+            }
+            Err(msg) => readiness.fail(&msg),
+        }
+    }
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(&settings);
     config.acl = if settings.allow_other {
@@ -213,17 +229,13 @@ pub fn run(settings: Settings) -> ! {
         mountpoint = %mountpoint.display(),
         "mounted"
     );
+    // The counters as `name value` lines, for the stats file and the unmount log line.
     let summary = {
-        let (stats, cache, uploader, disk) =
-            (stats.clone(), cache.clone(), uploader.clone(), disk.clone());
+        let report = report.clone();
         move || {
-            let writes = uploader.as_ref().map(|u| u.summary()).unwrap_or_default();
-            let disk = disk.as_ref().map(|d| d.summary()).unwrap_or_default();
-            format!(
-                "{} {} {writes} {disk}",
-                stats.summary(),
-                cache.stats.summary()
-            )
+            let mut text = s3rdma_metrics::StatsText::default();
+            report.report(&mut text);
+            text.text
         }
     };
     // Memory unused for the idle timeout goes back to the system [S-MEM-GIVE-BACK].
@@ -287,7 +299,11 @@ pub fn run(settings: Settings) -> ! {
     if let Some(path) = &settings.stats_file {
         write_stats(path, &summary_text);
     }
-    info!(mountpoint = %mountpoint.display(), stats = %summary_text, "unmounted");
+    let one_line: Vec<String> = summary_text
+        .lines()
+        .map(|l| l.replacen(' ', "=", 1))
+        .collect();
+    info!(mountpoint = %mountpoint.display(), stats = %one_line.join(" "), "unmounted");
     // Release everything registered with cuObject: tasks first (they hold blocks and
     // tokens), then the cache and the write buffers.
     // The disk cache first: its writer may be fetching a block on the runtime.
@@ -296,6 +312,7 @@ pub fn run(settings: Settings) -> ! {
     }
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     drop(summary);
+    drop(report);
     drop(cache);
     drop(uploader);
     let live = cuobj_ffi::live();
@@ -359,12 +376,7 @@ fn raise_fd_limit() {
 }
 
 /// Replace `path` (atomically, by rename) with the counters, one `name value` per line.
-fn write_stats(path: &std::path::Path, summary: &str) {
-    let text: String = summary
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| format!("{k} {v}\n"))
-        .collect();
+fn write_stats(path: &std::path::Path, text: &str) {
     let tmp = path.with_extension("tmp");
     if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
         tracing::debug!(path = %path.display(), error = %e, "cannot write the stats file");

@@ -138,21 +138,55 @@ pub struct CacheStats {
     pub given_back: AtomicU64,
 }
 
-impl CacheStats {
-    pub fn summary(&self) -> String {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        format!(
-            "cache_hits={} cache_misses={} prefetches={} prefetch_waste={} evictions={} not_admitted={} cache_waits={} prefetch_skipped={} cache_given_back_bytes={}",
-            g(&self.hits),
-            g(&self.misses),
-            g(&self.prefetches),
-            g(&self.prefetch_waste),
-            g(&self.evictions),
-            g(&self.not_admitted),
-            g(&self.waits),
-            g(&self.prefetch_skipped),
-            g(&self.given_back)
-        )
+impl s3rdma_metrics::Report for CacheStats {
+    fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::{load, Value};
+        let c = Value::counter;
+        out.value(c(
+            "cache_hits",
+            "Reads served from cache blocks already filled.",
+            load(&self.hits),
+        ));
+        out.value(c(
+            "cache_misses",
+            "Reads that had to fetch a block from S3.",
+            load(&self.misses),
+        ));
+        out.value(c(
+            "prefetches",
+            "Blocks fetched ahead of the reader.",
+            load(&self.prefetches),
+        ));
+        out.value(c(
+            "prefetch_waste",
+            "Prefetched blocks evicted before anyone read them.",
+            load(&self.prefetch_waste),
+        ));
+        out.value(c(
+            "evictions",
+            "Cache blocks evicted to make room.",
+            load(&self.evictions),
+        ));
+        out.value(c(
+            "not_admitted",
+            "Blocks not kept because the cache was full of blocks in use.",
+            load(&self.not_admitted),
+        ));
+        out.value(c(
+            "cache_waits",
+            "Reads that waited for a block being filled.",
+            load(&self.waits),
+        ));
+        out.value(c(
+            "prefetch_skipped",
+            "Read-ahead skipped because the cache was full.",
+            load(&self.prefetch_skipped),
+        ));
+        out.value(c(
+            "cache_given_back_bytes",
+            "Bytes of idle cache blocks given back to the system.",
+            load(&self.given_back),
+        ));
     }
 }
 

@@ -710,30 +710,79 @@ impl DiskCache {
         }
     }
 
-    /// One line of counters.
-    pub fn summary(&self) -> String {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    /// The disk cache's counters (see [`s3rdma_metrics::Report`]).
+    pub fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::{load, Value};
+        let (c, g) = (Value::counter, Value::gauge);
         let s = &self.stats;
         let (entries, used, limit) = {
             let st = self.lock();
             (st.entries.len(), st.used, st.limit)
         };
-        format!(
-            "disk_cache_hits={} disk_cache_misses={} disk_cache_stored={} disk_cache_evicted={} disk_cache_corrupt={} disk_cache_dropped={} disk_cache_errors={} disk_cache_entries={} disk_cache_bytes={} disk_cache_limit={} disk_cache_enabled={} passthrough_opens={} passthrough_registrations={}",
-            g(&s.hits),
-            g(&s.misses),
-            g(&s.stored),
-            g(&s.evicted),
-            g(&s.corrupt),
-            g(&s.dropped),
-            g(&s.errors),
-            entries,
-            used,
-            limit,
-            u8::from(self.enabled()),
-            g(&s.passthrough_opens),
-            g(&s.passthrough_registrations),
-        )
+        out.value(c(
+            "disk_cache_hits",
+            "Opens served from the disk cache.",
+            load(&s.hits),
+        ));
+        out.value(c(
+            "disk_cache_misses",
+            "Opens of files not (wholly) in the disk cache.",
+            load(&s.misses),
+        ));
+        out.value(c(
+            "disk_cache_stored",
+            "Objects stored whole in the disk cache.",
+            load(&s.stored),
+        ));
+        out.value(c(
+            "disk_cache_evicted",
+            "Disk cache entries evicted.",
+            load(&s.evicted),
+        ));
+        out.value(c(
+            "disk_cache_corrupt",
+            "Disk cache blocks that failed their CRC check (dropped, read from S3).",
+            load(&s.corrupt),
+        ));
+        out.value(c(
+            "disk_cache_dropped",
+            "Blocks not written to the disk cache because it fell behind.",
+            load(&s.dropped),
+        ));
+        out.value(c(
+            "disk_cache_errors",
+            "I/O errors of the disk cache.",
+            load(&s.errors),
+        ));
+        out.value(g(
+            "disk_cache_entries",
+            "Objects in the disk cache.",
+            entries as u64,
+        ));
+        out.value(g("disk_cache_bytes", "Bytes the disk cache holds.", used));
+        out.value(
+            g(
+                "disk_cache_limit",
+                "The disk cache's size limit in bytes.",
+                limit,
+            )
+            .exported("disk_cache_limit_bytes", &[]),
+        );
+        out.value(g(
+            "disk_cache_enabled",
+            "1 while the disk cache is on.",
+            u64::from(self.enabled()),
+        ));
+        out.value(c(
+            "passthrough_opens",
+            "Opens the kernel reads itself from the disk cache (FUSE passthrough).",
+            load(&s.passthrough_opens),
+        ));
+        out.value(c(
+            "passthrough_registrations",
+            "Disk cache files registered for FUSE passthrough.",
+            load(&s.passthrough_registrations),
+        ));
     }
 
     /// Stop the writer (blocks already queued are written) and remove unfinished files.

@@ -293,15 +293,35 @@ impl<S: ObjectStore> Writeback<S> {
         }
     }
 
-    /// Counters for `s3rdma stats`.
-    pub fn summary(&self) -> String {
-        format!(
-            "attr_writebacks={} attr_changes_folded_into_renames={} attr_writebacks_failed={} attr_writebacks_dropped={} attr_changes_pending={}",
-            self.stored.load(Ordering::Relaxed),
-            self.folded.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            self.dropped.load(Ordering::Relaxed),
-            self.count.load(Ordering::Relaxed),
-        )
+    /// Counters for `s3rdma stats` and `/metrics`.
+    pub fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::Value;
+        let (c, g) = (Value::counter, Value::gauge);
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.value(c(
+            "attr_writebacks",
+            "Attribute changes written back by a copy.",
+            l(&self.stored),
+        ));
+        out.value(c(
+            "attr_changes_folded_into_renames",
+            "Attribute changes carried by a rename's copy.",
+            l(&self.folded),
+        ));
+        out.value(c(
+            "attr_writebacks_failed",
+            "Attribute write-backs that failed (logged).",
+            l(&self.failed),
+        ));
+        out.value(c(
+            "attr_writebacks_dropped",
+            "Attribute changes dropped: another client replaced the object.",
+            l(&self.dropped),
+        ));
+        out.value(g(
+            "attr_changes_pending",
+            "Files whose attribute changes wait to be written back.",
+            self.count.load(Ordering::Relaxed) as u64,
+        ));
     }
 }

@@ -146,14 +146,29 @@ impl<S: ObjectStore> Deletes<S> {
         0
     }
 
-    /// Counters for `s3rdma stats`.
-    pub fn summary(&self) -> String {
-        format!(
-            "rename_deletes={} rename_deletes_running={} rename_deletes_failed={} rename_deletes_waited_for={}",
-            self.started.load(Ordering::Relaxed),
-            self.count.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            self.waited.load(Ordering::Relaxed),
-        )
+    /// Counters for `s3rdma stats` and `/metrics`.
+    pub fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::{load, Value};
+        let (c, g) = (Value::counter, Value::gauge);
+        out.value(c(
+            "rename_deletes",
+            "Deletes of renamed sources started.",
+            load(&self.started),
+        ));
+        out.value(g(
+            "rename_deletes_running",
+            "Names whose rename's delete is still running.",
+            self.count.load(Ordering::Relaxed) as u64,
+        ));
+        out.value(c(
+            "rename_deletes_failed",
+            "Renames whose source could not be deleted (both names left).",
+            load(&self.failed),
+        ));
+        out.value(c(
+            "rename_deletes_waited_for",
+            "Operations that waited for a rename's delete.",
+            load(&self.waited),
+        ));
     }
 }

@@ -96,7 +96,7 @@ impl<S: ObjectStore> S3Fs<S> {
             self.ns.listings.forget(*ino);
             self.ns.known.forget(*ino);
         }
-        self.ns
+        self.counters
             .inodes_dropped
             .fetch_add(out.dropped as u64, Ordering::Relaxed);
         debug!(

@@ -17,6 +17,7 @@ use tracing::{debug, debug_span, info, warn};
 
 use super::inode::ROOT_INO;
 use super::namespace::SetAttr;
+use super::report::FuseOp;
 use super::{names, Opened, S3Fs, BLOCK_SIZE, STATS_XATTR};
 
 impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
@@ -98,6 +99,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.counters.time(FuseOp::Lookup);
         let _s = debug_span!("fuse", op = "lookup", parent = parent.0, name = ?name).entered();
         match self.do_lookup(parent.0, name) {
             Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
@@ -108,12 +110,14 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     /// FORGET, and each node of a BATCH_FORGET (fuser 0.18 keeps the batch's node type
     /// private: its default `batch_forget` calls this per node).
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _t = self.counters.time(FuseOp::Forget);
         let _s = debug_span!("fuse", op = "forget", ino = ino.0, nlookup).entered();
         self.do_forget(ino.0, nlookup);
         self.retry_pinned();
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.counters.time(FuseOp::Getattr);
         let _s = debug_span!("fuse", op = "getattr", ino = ino.0).entered();
         match self.do_getattr(ino.0) {
             Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
@@ -122,6 +126,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.counters.time(FuseOp::Open);
         let _s = debug_span!("fuse", op = "open", ino = ino.0).entered();
         match self.do_open(ino.0, flags, req.pid(), Some(&reply)) {
             Ok(Opened::Plain(fh, fl)) => reply.opened(FileHandle(fh), fl),
@@ -143,6 +148,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _t = self.counters.time(FuseOp::Read);
         let _s = debug_span!("fuse", op = "read", ino = ino.0, offset, size).entered();
         match self.do_read(fh.0, offset, size) {
             Ok(data) => reply.data(data.as_slice()),
@@ -158,6 +164,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.counters.time(FuseOp::Flush);
         let _s = debug_span!("fuse", op = "flush", ino = ino.0).entered();
         match self.do_flush(fh.0, req.pid()) {
             Ok(()) => reply.ok(),
@@ -166,6 +173,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let _t = self.counters.time(FuseOp::Fsync);
         let _s = debug_span!("fuse", op = "fsync", ino = ino.0).entered();
         match self.do_fsync(fh.0) {
             Ok(()) => reply.ok(),
@@ -183,6 +191,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.counters.time(FuseOp::Release);
         self.do_release(fh.0);
         reply.ok();
         self.retry_pinned();
@@ -198,6 +207,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.counters.time(FuseOp::Create);
         let _s = debug_span!("fuse", op = "create", parent = parent.0, name = ?name).entered();
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
@@ -228,6 +238,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.counters.time(FuseOp::Write);
         let _s = debug_span!("fuse", op = "write", ino = ino.0, offset, len = data.len()).entered();
         match self.do_write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
@@ -253,6 +264,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.counters.time(FuseOp::Setattr);
         let _s = debug_span!("fuse", op = "setattr", ino = ino.0).entered();
         let _ = atime;
         let set = SetAttr {
@@ -279,6 +291,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        let _t = self.counters.time(FuseOp::Symlink);
         let _s =
             debug_span!("fuse", op = "symlink", parent = parent.0, name = ?link_name).entered();
         match self.do_symlink(parent.0, link_name, target, (req.uid(), req.gid())) {
@@ -288,6 +301,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _t = self.counters.time(FuseOp::Readlink);
         let _s = debug_span!("fuse", op = "readlink", ino = ino.0).entered();
         match self.do_readlink(ino.0) {
             Ok(target) => reply.data(&target),
@@ -303,6 +317,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _t = self.counters.time(FuseOp::Link);
         match self.do_link(ino.0) {
             Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
             Err(e) => reply.error(e),
@@ -318,6 +333,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.counters.time(FuseOp::Mkdir);
         let _s = debug_span!("fuse", op = "mkdir", parent = parent.0, name = ?name).entered();
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
@@ -329,6 +345,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.counters.time(FuseOp::Rmdir);
         let _s = debug_span!("fuse", op = "rmdir", parent = parent.0, name = ?name).entered();
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
@@ -340,6 +357,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.counters.time(FuseOp::Unlink);
         let _s = debug_span!("fuse", op = "unlink", parent = parent.0, name = ?name).entered();
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
@@ -360,6 +378,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.counters.time(FuseOp::Rename);
         let _s = debug_span!("fuse", op = "rename", parent = parent.0, name = ?name, newparent = newparent.0, newname = ?newname).entered();
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
@@ -371,6 +390,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.counters.time(FuseOp::Opendir);
         match self.do_opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(e),
@@ -385,6 +405,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _t = self.counters.time(FuseOp::Readdir);
         let _s = debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
         let entries = match self.dir_entries(ino.0, fh.0, offset) {
             Ok(e) => e,
@@ -406,6 +427,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _t = self.counters.time(FuseOp::Readdirplus);
         let _s = debug_span!("fuse", op = "readdirplus", ino = ino.0, offset).entered();
         let entries = match self.dir_entries(ino.0, fh.0, offset) {
             Ok(e) => e,
@@ -443,11 +465,13 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.counters.time(FuseOp::Releasedir);
         self.do_releasedir(fh.0);
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.counters.time(FuseOp::Statfs);
         // An object store has no fixed capacity: report 1 PiB, like other S3 file systems, so
         // that tools which check free space before writing do not refuse. S3 has no cheap
         // "bucket size": what is used is what this mount has written since it was mounted.
@@ -474,6 +498,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _t = self.counters.time(FuseOp::Getxattr);
         // The root's counters, and whether a file is in the disk cache; anything else is
         // unsupported (EOPNOTSUPP, not ENOSYS, which would make the kernel stop asking).
         let text = if ino.0 == ROOT_INO && name == STATS_XATTR {
@@ -496,6 +521,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let _t = self.counters.time(FuseOp::Other);
         // Permissions are checked by the kernel (default_permissions); existence here.
         match self.inodes.get(ino.0) {
             Some(_) => reply.ok(),

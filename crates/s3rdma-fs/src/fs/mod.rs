@@ -18,6 +18,7 @@ pub mod names;
 pub mod namespace;
 mod passthrough;
 pub mod probe;
+pub mod report;
 mod staged;
 mod symlink;
 pub mod write;
@@ -149,7 +150,7 @@ pub struct S3Fs<S: ObjectStore> {
     cache: Arc<Cache<S>>,
     cfg: FsConfig,
     /// Inode numbers ↔ keys, with what was last learnt of each.
-    inodes: InodeTable,
+    inodes: Arc<InodeTable>,
     /// What this mount knows of the namespace beyond the inode table.
     ns: NsState,
     /// Open files and directories.
@@ -160,8 +161,8 @@ pub struct S3Fs<S: ObjectStore> {
     disk: Option<Arc<DiskCache>>,
     /// Which inodes the kernel reads itself from the disk cache.
     pass: passthrough::Passthrough,
-    /// Operations failed by S3, by errno.
-    failures: Failures,
+    /// Failures, inodes dropped, FUSE latency.
+    counters: Arc<report::FsCounters>,
     /// Attribute changes of stored files waiting to be written back.
     attrs: Arc<attrs::Writeback<S>>,
     /// Deletes of renamed sources, finished in the background.
@@ -187,8 +188,6 @@ struct NsState {
     dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
-    /// Inodes dropped after the kernel forgot them (see `forget`).
-    inodes_dropped: AtomicU64,
     /// When pinned inodes were last tried again.
     forget_retried: Mutex<Instant>,
 }
@@ -207,44 +206,10 @@ impl<S: ObjectStore> Handles<S> {
     }
 }
 
-/// Operations that failed because of S3, by the errno the kernel got.
-#[derive(Default)]
-struct Failures([AtomicU64; Failures::NAMES.len()]);
-
-impl Failures {
-    const NAMES: [(i32, &'static str); 7] = [
-        (libc::EIO, "failed_eio"),
-        (libc::ESTALE, "failed_estale"),
-        (libc::ENOENT, "failed_enoent"),
-        (libc::EACCES, "failed_eacces"),
-        (libc::EAGAIN, "failed_eagain"),
-        (libc::ETIMEDOUT, "failed_etimedout"),
-        (0, "failed_other"),
-    ];
-
-    fn count(&self, errno: i32) {
-        let i = Self::NAMES
-            .iter()
-            .position(|&(e, _)| e == errno)
-            .unwrap_or(Self::NAMES.len() - 1);
-        self.0[i].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// `failed_eio=N failed_estale=N …`
-    fn summary(&self) -> String {
-        Self::NAMES
-            .iter()
-            .zip(&self.0)
-            .map(|((_, name), n)| format!("{name}={}", n.load(Ordering::Relaxed)))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-}
-
 /// The write side of a mount.
 struct Writes<S: ObjectStore> {
     /// Files being written in this mount, by inode.
-    writing: Mutex<HashMap<u64, Arc<write::Writing>>>,
+    writing: Arc<Mutex<HashMap<u64, Arc<write::Writing>>>>,
     /// None on a read-only mount (no write buffers at all).
     uploader: Option<Arc<Uploader<S>>>,
     /// Set once the mount is shutting down: no new files are opened for writing.
@@ -296,7 +261,7 @@ impl<S: ObjectStore> S3Fs<S> {
             rt,
             s3,
             cache,
-            inodes: InodeTable::new(root_prefix),
+            inodes: Arc::new(InodeTable::new(root_prefix)),
             ns: NsState {
                 negative,
                 listings: dir::ListingCache::new(cfg.metadata_ttl),
@@ -305,7 +270,6 @@ impl<S: ObjectStore> S3Fs<S> {
                 local_dirs: Mutex::new(Default::default()),
                 dir_attrs: Mutex::new(HashMap::new()),
                 exact_probes: AtomicBool::new(false),
-                inodes_dropped: AtomicU64::new(0),
                 forget_retried: Mutex::new(Instant::now()),
             },
             handles: Handles {
@@ -314,7 +278,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 next: AtomicU64::new(1),
             },
             writes: Writes {
-                writing: Mutex::new(HashMap::new()),
+                writing: Default::default(),
                 uploader,
                 closing: Arc::new(AtomicBool::new(false)),
                 aborted: Default::default(),
@@ -327,7 +291,7 @@ impl<S: ObjectStore> S3Fs<S> {
             cfg,
             disk: None,
             pass: Default::default(),
-            failures: Failures::default(),
+            counters: Default::default(),
         }
     }
 
@@ -435,7 +399,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The one path of an operation failed by S3: logged at the level its kind deserves,
     /// counted (`s3rdma stats`: `failed_<errno>`), turned into the errno the kernel gets.
     fn fail(&self, op: &str, e: &S3Error) -> Errno {
-        self.failures.count(e.errno());
+        self.counters.failures.count(e.errno());
         match e.kind {
             S3ErrorKind::NotFound => debug!(op, key = %e.key, "not found"),
             S3ErrorKind::PreconditionFailed => warn!(
@@ -817,9 +781,14 @@ impl<S: ObjectStore> S3Fs<S> {
                 return Err(Errno::EOPNOTSUPP);
             }
         };
-        self.rt
+        let data = self
+            .rt
             .block_on(reader.read(offset, size))
-            .map_err(|e| self.fail("read", &e))
+            .map_err(|e| self.fail("read", &e))?;
+        if let Some(opened) = reader.first_read() {
+            self.counters.first_byte(opened);
+        }
+        Ok(data)
     }
 
     /// The directory's entries: from a listing younger than the metadata TTL if this mount
@@ -997,43 +966,29 @@ impl<S: ObjectStore> S3Fs<S> {
         self.deletes.wait_all(deletes::END_WAIT)
     }
 
-    /// The live counters, one `name value` per line.
+    /// The live counters, one `name value` per line (`s3rdma stats`).
     pub fn stats_text(&self) -> String {
-        let writes = self
-            .writes
-            .uploader
-            .as_ref()
-            .map(|u| u.summary())
-            .unwrap_or_default();
-        let files = self.lock_files().len();
-        let writing = self.writes.writing.lock().map(|w| w.len()).unwrap_or(0);
-        let disk = self.disk.as_ref().map(|d| d.summary()).unwrap_or_default();
-        let stage = self
-            .writes
-            .stage
-            .as_ref()
-            .map(|a| a.summary())
-            .unwrap_or_default();
-        format!(
-            "{} {} {writes} {stage} {disk} {} {} {} {} open_files={files} files_being_written={writing} inodes={} inodes_dropped={} inodes_pinned={} {}",
-            self.s3.stats().summary(),
-            self.cache.stats.summary(),
-            self.attrs.summary(),
-            self.deletes.summary(),
-            crate::memory_summary(
-                self.cache.arena(),
-                self.writes.uploader.as_ref().and_then(|u| u.pool.arena())
-            ),
-            crate::rdma_live_summary(),
-            self.inodes.len(),
-            self.ns.inodes_dropped.load(Ordering::Relaxed),
-            self.inodes.deferred(),
-            self.failures.summary(),
-        )
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| format!("{k} {v}\n"))
-        .collect()
+        let mut text = s3rdma_metrics::StatsText::default();
+        s3rdma_metrics::Report::report(&self.reporter(), &mut text);
+        text.text
+    }
+
+    /// Everything this mount counts, through shared handles: what `s3rdma stats` and the
+    /// metrics endpoint read. Take it once the disk cache and staging area are set.
+    pub fn reporter(&self) -> report::FsReport<S> {
+        report::FsReport {
+            s3: self.s3.clone(),
+            cache: self.cache.clone(),
+            uploader: self.writes.uploader.clone(),
+            stage: self.writes.stage.clone(),
+            disk: self.disk.clone(),
+            attrs: self.attrs.clone(),
+            deletes: self.deletes.clone(),
+            counters: self.counters.clone(),
+            files: self.handles.files.clone(),
+            writing: self.writes.writing.clone(),
+            inodes: self.inodes.clone(),
+        }
     }
 
     /// A handle for the mount's lifecycle (signals, unmount), kept when the session takes

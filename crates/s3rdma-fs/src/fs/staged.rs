@@ -389,7 +389,7 @@ impl<S: ObjectStore> S3Fs<S> {
         match e {
             StageError::S3(s3) => self.fail(op, s3),
             StageError::Conflict { .. } => {
-                self.failures.count(e.errno());
+                self.counters.failures.count(e.errno());
                 stage_errno(e)
             }
             _ => {

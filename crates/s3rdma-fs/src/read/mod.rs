@@ -67,6 +67,9 @@ pub struct ObjectReader<S: ObjectStore> {
     disk: Option<Arc<DiskCache>>,
     /// The handle is open in the kernel's cached mode (see fs::PassState).
     cached_mode: bool,
+    /// When the handle was opened, until its first read has been answered.
+    opened: std::time::Instant,
+    first_read_done: std::sync::atomic::AtomicBool,
 }
 
 impl<S: ObjectStore> ObjectReader<S> {
@@ -91,7 +94,21 @@ impl<S: ObjectStore> ObjectReader<S> {
             state: Mutex::new(State::default()),
             disk: None,
             cached_mode: false,
+            opened: std::time::Instant::now(),
+            first_read_done: Default::default(),
         }
+    }
+
+    /// When the handle was opened, the first time this is asked (after its first read); then
+    /// None (one relaxed load per read after that).
+    pub fn first_read(&self) -> Option<std::time::Instant> {
+        use std::sync::atomic::Ordering;
+        if self.first_read_done.load(Ordering::Relaxed)
+            || self.first_read_done.swap(true, Ordering::Relaxed)
+        {
+            return None;
+        }
+        Some(self.opened)
     }
 
     pub fn with_disk_cache(mut self, disk: Option<Arc<DiskCache>>) -> Self {

@@ -213,22 +213,60 @@ impl StagingArea {
         }
     }
 
-    pub fn summary(&self) -> String {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    /// The staging area's counters (see [`s3rdma_metrics::Report`]).
+    pub fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::{load, Value};
+        let (c, g) = (Value::counter, Value::gauge);
         let s = &self.stats;
-        format!(
-            "staged_files={} staged_bytes={} staged_limit={} staged_commits={} staged_bytes_sent={} staged_bytes_copied={} staged_bytes_fetched={} staged_conflicts={} staged_recovered={} staged_full={}",
-            g(&s.files),
+        out.value(g("staged_files", "Files staged now.", load(&s.files)));
+        out.value(g(
+            "staged_bytes",
+            "Bytes the staging area holds now.",
             self.used(),
-            self.limit,
-            g(&s.commits),
-            g(&s.bytes_sent),
-            g(&s.bytes_copied),
-            g(&s.bytes_fetched),
-            g(&s.conflicts),
-            g(&s.recovered),
-            g(&s.full),
-        )
+        ));
+        out.value(
+            g(
+                "staged_limit",
+                "The staging area's limit in bytes.",
+                self.limit,
+            )
+            .exported("staged_limit_bytes", &[]),
+        );
+        out.value(c(
+            "staged_commits",
+            "Staged files stored (at fsync or close).",
+            load(&s.commits),
+        ));
+        out.value(c(
+            "staged_bytes_sent",
+            "Bytes of staged files sent to S3.",
+            load(&s.bytes_sent),
+        ));
+        out.value(c(
+            "staged_bytes_copied",
+            "Bytes of staged files copied on the server (UploadPartCopy).",
+            load(&s.bytes_copied),
+        ));
+        out.value(c(
+            "staged_bytes_fetched",
+            "Bytes of base versions fetched into staged files.",
+            load(&s.bytes_fetched),
+        ));
+        out.value(c(
+            "staged_conflicts",
+            "Staged files kept in conflicts/ (changed on the server, or not stored).",
+            load(&s.conflicts),
+        ));
+        out.value(c(
+            "staged_recovered",
+            "Staged files an earlier mount left, reported at start.",
+            load(&s.recovered),
+        ));
+        out.value(c(
+            "staged_full",
+            "Writes refused because the staging area was full.",
+            load(&s.full),
+        ));
     }
 }
 

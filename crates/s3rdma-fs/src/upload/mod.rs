@@ -133,21 +133,56 @@ impl<S: ObjectStore> Uploader<S> {
         }
     }
 
-    pub fn summary(&self) -> String {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    /// The uploader's counters (see [`s3rdma_metrics::Report`]).
+    pub fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::{load, Value};
+        let (c, g) = (Value::counter, Value::gauge);
         let s = &self.stats;
-        format!(
-            "objects_written={} bytes_written={} parts_uploaded={} parts_in_flight={} uploads_failed={} uploads_aborted={} aborts_pending={} write_waits={} write_overflow={}",
-            g(&s.objects_written),
-            g(&s.bytes_written),
-            g(&s.parts_uploaded),
-            g(&s.parts_in_flight),
-            g(&s.uploads_failed),
-            g(&s.uploads_aborted),
-            g(&s.aborts_pending),
-            g(&self.pool.stats.waits),
-            g(&self.pool.stats.overflow),
-        )
+        out.value(c(
+            "objects_written",
+            "Files stored by the streaming write path.",
+            load(&s.objects_written),
+        ));
+        out.value(c(
+            "bytes_written",
+            "Bytes stored by the streaming write path.",
+            load(&s.bytes_written),
+        ));
+        out.value(c(
+            "parts_uploaded",
+            "Multipart parts uploaded.",
+            load(&s.parts_uploaded),
+        ));
+        out.value(g(
+            "parts_in_flight",
+            "Multipart parts being uploaded now.",
+            load(&s.parts_in_flight),
+        ));
+        out.value(c(
+            "uploads_failed",
+            "Uploads that failed (the error went to close or fsync).",
+            load(&s.uploads_failed),
+        ));
+        out.value(c(
+            "uploads_aborted",
+            "Multipart uploads aborted.",
+            load(&s.uploads_aborted),
+        ));
+        out.value(g(
+            "aborts_pending",
+            "Multipart uploads whose abort has not succeeded yet.",
+            load(&s.aborts_pending),
+        ));
+        out.value(c(
+            "write_waits",
+            "Writes that waited for a free part buffer.",
+            load(&self.pool.stats.waits),
+        ));
+        out.value(c(
+            "write_overflow",
+            "Part buffers taken beyond the write pool (small files).",
+            load(&self.pool.stats.overflow),
+        ));
     }
 }
 

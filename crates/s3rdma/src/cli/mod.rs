@@ -281,6 +281,15 @@ pub struct Cli {
     #[arg(long, value_name = "PATH", help_heading = "Logging")]
     pub stats_file: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; a loopback
+    /// address unless --metrics-allow-remote)
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Logging")]
+    pub metrics_addr: Option<String>,
+
+    /// Let --metrics-addr listen on an address other hosts can reach
+    #[arg(long, help_heading = "Logging")]
+    pub metrics_allow_remote: bool,
+
     /// Kernel mount flags from -o (exec/noexec, dev/nodev, suid/nosuid, ...).
     #[arg(skip)]
     pub kernel_flags: Vec<MountOption>,
@@ -415,6 +424,8 @@ impl Cli {
             "log_level" => self.log_level = Some(need(value)?),
             "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
             "stats_file" => self.stats_file = Some(PathBuf::from(need(value)?)),
+            "metrics_addr" => self.metrics_addr = Some(need(value)?.to_string()),
+            "metrics_allow_remote" => self.metrics_allow_remote = flag(value)?,
             "exec" => self.kernel_flags.push(MountOption::Exec),
             "noexec" => self.kernel_flags.push(MountOption::NoExec),
             "dev" => self.kernel_flags.push(MountOption::Dev),
@@ -462,6 +473,8 @@ pub struct Settings {
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub stats_file: Option<PathBuf>,
+    /// Where `/metrics` is served (`--metrics-addr`), checked: loopback unless allowed.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     pub kernel_flags: Vec<MountOption>,
     pub cache_size: u64,
     /// Idle cache blocks and write buffers give their memory back after this (0: never).
@@ -697,6 +710,10 @@ impl Settings {
         if cli.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
             return Err("region is empty; give one such as us-east-1, or leave it out".into());
         }
+        let metrics_addr = match &cli.metrics_addr {
+            Some(a) => Some(crate::metrics::check_addr(a, cli.metrics_allow_remote)?),
+            None => None,
+        };
         if cli.auto_unmount && !(cli.allow_other || cli.allow_root) {
             return Err(
                 "--auto-unmount needs --allow-root or --allow-other (fusermount3 implements it only then)".into(),
@@ -767,6 +784,7 @@ impl Settings {
             log_level: cli.log_level.unwrap_or_else(|| "info".into()),
             log_file: cli.log_file,
             stats_file: cli.stats_file,
+            metrics_addr,
             kernel_flags: cli.kernel_flags,
             cache_size,
             memory_idle_timeout,
@@ -883,6 +901,7 @@ mod tests {
                 | "write_buffer_size"
                 | "multipart_copy_threshold" => Some("8MiB"),
                 "endpoint_url" => Some("http://127.0.0.1:1"),
+                "metrics_addr" => Some("127.0.0.1:9100"),
                 "rdma" => Some("auto"),
                 _ if arg.get_action().takes_values() => Some("1"),
                 _ => None,
@@ -1022,6 +1041,8 @@ mod tests {
             ("cache_dir_size", "lots", "cache dir size"),
             ("staging_dir", "", "staging dir"),
             ("staging_size", "1KiB", "staging size"),
+            ("metrics_addr", "localhost", "metrics address"),
+            ("metrics_addr", "10.1.2.3:9100", "--metrics-allow-remote"),
         ];
         // Options whose values are checked when the daemon starts, not here: named files and
         // the AWS profile (tests/integration/startup.rs covers them).
