@@ -4,7 +4,8 @@
 #
 #   scripts/install.sh [--prefix DIR] [--bin-dir DIR]
 #       build (release) and install DIR/bin/s3rdma, DIR/bin/s3rdma-endpoint and the examples
-#       DIR/share/doc/s3rdma/examples/{mnt-ckpt.mount,fstab.example} (default DIR: /usr/local);
+#       DIR/share/doc/s3rdma/examples/{mnt-ckpt.mount,fstab.example,s3rdma-dashboard.json,
+#       prometheus-scrape.yml} (default DIR: /usr/local);
 #       --bin-dir: install the binaries found there instead of building
 #   scripts/install.sh --uninstall [--prefix DIR]
 #       remove all of them
@@ -27,7 +28,8 @@ done
 bin=$prefix/bin
 examples=$prefix/share/doc/s3rdma/examples
 if [ "$uninstall" = 1 ]; then
-  rm -f "$bin/s3rdma" "$bin/s3rdma-endpoint" "$examples/mnt-ckpt.mount" "$examples/fstab.example"
+  rm -f "$bin/s3rdma" "$bin/s3rdma-endpoint" "$examples/mnt-ckpt.mount" "$examples/fstab.example" \
+    "$examples/s3rdma-dashboard.json" "$examples/prometheus-scrape.yml"
   rmdir "$examples" "$prefix/share/doc/s3rdma" 2>/dev/null || true
   echo "install.sh: removed s3rdma, s3rdma-endpoint and the examples from $prefix"
   exit 0
@@ -44,5 +46,7 @@ mkdir -p "$bin" "$examples"
 install -m 0755 "$bin_dir/s3rdma" "$bin/s3rdma"
 install -m 0755 "$bin_dir/s3rdma-endpoint" "$bin/s3rdma-endpoint"
 install -m 0644 scripts/systemd/mnt-ckpt.mount scripts/systemd/fstab.example "$examples/"
+# A Grafana dashboard and a Prometheus scrape job for --metrics-addr (README, "Metrics").
+install -m 0644 scripts/monitoring/s3rdma-dashboard.json scripts/monitoring/prometheus-scrape.yml "$examples/"
 echo "install.sh: installed $bin/s3rdma, $bin/s3rdma-endpoint and examples in $examples"
 case ":$PATH:" in *":$bin:"*) ;; *) echo "install.sh: note: $bin is not on PATH; mount -t fuse.s3rdma needs it there" >&2 ;; esac

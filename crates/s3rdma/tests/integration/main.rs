@@ -7,6 +7,7 @@ mod diskcache;
 mod faults;
 mod layout;
 mod lifecycle;
+mod metrics;
 mod namespace;
 mod nvidia;
 mod rdma;

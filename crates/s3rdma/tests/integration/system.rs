@@ -236,6 +236,8 @@ fn install_sh_installs_and_uninstalls() {
         "bin/s3rdma-endpoint",
         "share/doc/s3rdma/examples/mnt-ckpt.mount",
         "share/doc/s3rdma/examples/fstab.example",
+        "share/doc/s3rdma/examples/s3rdma-dashboard.json",
+        "share/doc/s3rdma/examples/prometheus-scrape.yml",
     ];
     for f in installed {
         assert!(prefix.join(f).is_file(), "{f} not installed");
