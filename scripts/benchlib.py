@@ -11,6 +11,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release")
+# The daemon the mounts run: this checkout's build, or another build to compare with
+# (S3RDMA_BENCH_DAEMON=/path/to/s3rdma: the same rows, a binary built from another commit).
+DAEMON = os.environ.get("S3RDMA_BENCH_DAEMON") or os.path.join(BIN, "s3rdma")
 KEY, SECRET = "s3rdmatest", "s3rdmatestsecret"
 ENV = dict(os.environ, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, AWS_EC2_METADATA_DISABLED="true")
 
@@ -69,7 +72,7 @@ def is_mounted(path):
 class Mount:
     def __init__(self, endpoint, bucket, extra, work):
         self.path = tempfile.mkdtemp(dir=work, prefix="mnt-")
-        cmd = [os.path.join(BIN, "s3rdma"), bucket, self.path, "--endpoint-url", endpoint, "--force-path-style",
+        cmd = [DAEMON, bucket, self.path, "--endpoint-url", endpoint, "--force-path-style",
                "--log-level", "warn", "--log-file", self.path + ".log", *extra]
         r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
