@@ -4,8 +4,8 @@
 //! `s3rdma_mount_info` (bucket and prefix: the only place they are labels).
 //!
 //! The server is a task per connection on the daemon's runtime (no thread per request, no
-//! HTTP framework: the daemon has no HTTP server dependency). It reads one request (at most
-//! 8 KiB, 5 s), answers it and closes the connection, as Prometheus expects of an exporter.
+//! HTTP framework: the daemon has no HTTP server dependency), at most 16 at once. It reads one
+//! request (at most 8 KiB, 5 s), answers it and closes the connection.
 //! The report reads shared counters, not the file system through FUSE: it answers while every
 //! FUSE worker is busy.
 
@@ -25,6 +25,9 @@ use tracing::{debug, info, warn};
 
 /// Every metric's name starts with this.
 pub const PREFIX: &str = "s3rdma_";
+
+/// Connections answered at once.
+const MAX_CONNECTIONS: usize = 16;
 
 /// The address `--metrics-addr` names, checked: a loopback address unless `allow_remote`.
 pub fn check_addr(text: &str, allow_remote: bool) -> Result<SocketAddr, String> {
@@ -178,6 +181,9 @@ pub async fn serve(listener: TcpListener, report: Arc<dyn Report + Send + Sync>,
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "metrics at http://{addr}/metrics");
     }
+    // At most this many connections are answered at once; more are closed at once (a
+    // scraper takes one).
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (conn, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -188,8 +194,13 @@ pub async fn serve(listener: TcpListener, report: Arc<dyn Report + Send + Sync>,
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "metrics: too many connections; closed");
+            continue;
+        };
         let (report, info) = (report.clone(), info.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = answer(conn, report, info).await {
                 debug!(%peer, error = %e, "metrics: request not answered");
             }
@@ -215,10 +226,11 @@ async fn answer(
         }
     })
     .await;
-    if head.is_err() {
-        return Ok(());
+    match head {
+        // A client that sends nothing for 5 s gets nothing.
+        Err(_) => return Ok(()),
+        Ok(r) => r?,
     }
-    head.unwrap_or(Ok(()))?;
     let line = buf[..len]
         .split(|&b| b == b'\r' || b == b'\n')
         .next()

@@ -272,6 +272,28 @@ impl<S: ObjectStore> Cache<S> {
         self.arena.block_size()
     }
 
+    /// Report the cache's occupancy (blocks holding data or being filled, and all blocks) in
+    /// bytes, with its counters.
+    pub fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::Value;
+        let (used, all) = {
+            let inner = self.lock();
+            (inner.map.len(), inner.slots.len())
+        };
+        let bs = self.block_size() as u64;
+        out.value(Value::gauge(
+            "cache_used_bytes",
+            "Page cache blocks holding data or being filled, in bytes.",
+            used as u64 * bs,
+        ));
+        out.value(Value::gauge(
+            "cache_capacity_bytes",
+            "The page cache's size (--cache-size).",
+            all as u64 * bs,
+        ));
+        s3rdma_metrics::Report::report(&self.stats, out);
+    }
+
     /// Give back the memory of blocks no reader has used for `idle`: their data leaves the
     /// cache and their pages go back to the system. Nothing on an RDMA mount (its memory is
     /// registered, so pinned). Returns the bytes given back.

@@ -193,7 +193,7 @@ pub struct FsReport<S: ObjectStore> {
 impl<S: ObjectStore> Report for FsReport<S> {
     fn report(&self, out: &mut dyn Sink) {
         self.s3.stats().report(out);
-        self.cache.stats.report(out);
+        self.cache.report(out);
         if let Some(u) = &self.uploader {
             u.report(out);
         }

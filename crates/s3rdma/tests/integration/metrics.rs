@@ -108,6 +108,11 @@ fn the_endpoint_exports_what_the_mount_did_over_http_and_rdma() {
     );
     assert!(value(&read, "s3rdma_fuse_request_seconds_count{opcode=\"read\"}") >= 1.0);
     assert_eq!(value(&read, "s3rdma_read_first_byte_seconds_count"), 1.0);
+    assert!(value(&read, "s3rdma_cache_used_bytes") >= size as f64);
+    assert_eq!(
+        value(&read, "s3rdma_cache_capacity_bytes"),
+        (128u64 << 20) as f64
+    );
     let written = 3 << 20;
     std::fs::write(m.join("w"), pattern(written, 2)).unwrap();
     let after = keep(port, &dir, &mut files);
@@ -119,6 +124,19 @@ fn the_endpoint_exports_what_the_mount_did_over_http_and_rdma() {
     assert_eq!(stat_value(&stats, "http_bytes_read"), size as u64);
     assert_eq!(stat_value(&stats, "http_bytes_written"), written as u64);
     assert!(stat_value(&stats, "s3_get_http_count") >= 1);
+    // `s3rdma stats --watch` redraws every second, with the change per second.
+    let mut watch = Command::new(bin())
+        .args(["stats", "--watch"])
+        .arg(&m.path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("s3rdma stats --watch");
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = watch.kill();
+    let out = watch.wait_with_output().expect("watch output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.matches("change/s").count() >= 2, "{text}");
+    assert!(text.contains("http_bytes_read"), "{text}");
 
     // 8 readers load the mount: the endpoint keeps answering (it reads shared counters, not
     // the file system).
