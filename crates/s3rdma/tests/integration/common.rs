@@ -54,7 +54,7 @@ fn block_is_free(base: u16, n: u16) -> bool {
     (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok())
 }
 
-pub fn free_port_block(n: u16) -> u16 {
+fn free_port_block(n: u16) -> u16 {
     // Try bases until n consecutive loopback ports are all free.
     let seed = std::process::id() as u16;
     let span = PORTS_TO - PORTS_FROM - n;

@@ -13,6 +13,27 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
+/// The port a mount serves /metrics on, from its log. Port 0 lets the kernel pick one: a port
+/// picked by the test could be one a SeaweedFS of another test is about to take again after a
+/// restart (the test servers' ports lie below the ephemeral range, port 0 within it).
+fn metrics_port(m: &Mount) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = m.log_text();
+        if let Some(rest) = log.split("metrics at http://127.0.0.1:").nth(1) {
+            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+            if let Ok(p) = digits.parse() {
+                return p;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// GET /metrics: the status line and the body.
 fn scrape(port: u16) -> (String, String) {
     let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
@@ -82,9 +103,8 @@ fn the_endpoint_exports_what_the_mount_did_over_http_and_rdma() {
     let mut files = Vec::new();
 
     // Over HTTP: a read, then a write.
-    let port = free_port_block(1);
-    let addr = format!("127.0.0.1:{port}");
-    let m = Mount::new(&b, &["--rdma", "off", "--metrics-addr", &addr]);
+    let m = Mount::new(&b, &["--rdma", "off", "--metrics-addr", "127.0.0.1:0"]);
+    let port = metrics_port(&m);
     let before = keep(port, &dir, &mut files);
     assert!(before.contains("s3rdma_build_info{version=\""), "{before}");
     assert!(before.contains("rdma_mode=\"off\""), "{before}");
@@ -184,13 +204,12 @@ fn the_endpoint_exports_what_the_mount_did_over_http_and_rdma() {
 
     // Over loopback RDMA: the bytes are counted under transport="rdma".
     let ep = RdmaEndpoint::start();
-    let port = free_port_block(1);
-    let addr = format!("127.0.0.1:{port}");
     let m = Mount::new_at(
         &ep.url,
         &b,
-        &["--rdma", "required", "--metrics-addr", &addr],
+        &["--rdma", "required", "--metrics-addr", "127.0.0.1:0"],
     );
+    let port = metrics_port(&m);
     let mut rdma_files = Vec::new();
     keep(port, &dir, &mut rdma_files);
     assert_eq!(read_all(&m.join("in/a")), size);
