@@ -295,17 +295,6 @@ impl TransportStats {
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
-
-    /// One line for logs: `rdma_bytes_read=… http_bytes_read=… …`.
-    pub fn summary(&self) -> String {
-        let mut all = s3rdma_metrics::Collected::default();
-        self.report(&mut all);
-        all.values
-            .iter()
-            .map(|v| format!("{}={}", v.stat, v.value))
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
 }
 
 impl Report for TransportStats {

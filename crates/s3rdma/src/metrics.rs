@@ -18,7 +18,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use s3rdma_metrics::{Collected, Kind, OwnedHistogram, OwnedValue, Report};
+use s3rdma_metrics::{Collected, Kind, Report};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
@@ -65,6 +65,17 @@ impl std::fmt::Debug for ReportCollector {
     }
 }
 
+/// `items` grouped under their full metric name (sorted), in report order within a name.
+fn by_name<T>(items: &[T], name: impl Fn(&T) -> &str) -> BTreeMap<String, Vec<&T>> {
+    let mut out: BTreeMap<String, Vec<&T>> = BTreeMap::new();
+    for i in items {
+        out.entry(format!("{PREFIX}{}", name(i)))
+            .or_default()
+            .push(i);
+    }
+    out
+}
+
 /// Encode one series of `m`: under labels `l`, or bare when it has none.
 fn series_of(
     m: &mut MetricEncoder<'_>,
@@ -84,14 +95,7 @@ impl Collector for ReportCollector {
         let mut all = Collected::default();
         self.report.report(&mut all);
         // One descriptor per metric, its labelled series under it.
-        let mut values: BTreeMap<String, Vec<&OwnedValue>> = BTreeMap::new();
-        for v in &all.values {
-            values
-                .entry(format!("{PREFIX}{}", v.name))
-                .or_default()
-                .push(v);
-        }
-        for (name, series) in &values {
+        for (name, series) in &by_name(&all.values, |v| &v.name) {
             let first = series[0];
             let kind = match first.kind {
                 Kind::Counter => MetricType::Counter,
@@ -105,14 +109,7 @@ impl Collector for ReportCollector {
                 })?;
             }
         }
-        let mut histograms: BTreeMap<String, Vec<&OwnedHistogram>> = BTreeMap::new();
-        for h in &all.histograms {
-            histograms
-                .entry(format!("{PREFIX}{}", h.name))
-                .or_default()
-                .push(h);
-        }
-        for (name, series) in &histograms {
+        for (name, series) in &by_name(&all.histograms, |h| &h.name) {
             let mut metric =
                 encoder.encode_descriptor(name, &series[0].help, None, MetricType::Histogram)?;
             for h in series {

@@ -100,11 +100,11 @@ impl<S: ObjectStore> Deletes<S> {
         self.done.notify_all();
     }
 
-    /// Wait for the deletes of `key` and of any key under the directory prefix `dir_prefix`
-    /// (a lookup: the name as a file and as a directory). Called from FUSE threads, never
-    /// from the runtime.
-    pub fn wait_name(&self, key: &str, dir_prefix: &str) {
-        self.wait_while(|k| k == key || k.starts_with(dir_prefix));
+    /// Wait for the deletes of the entry `name` of the directory whose prefix is `dir`: its
+    /// key, and any key under it as a directory (a lookup, or something stored under the
+    /// name). Called from FUSE threads, never from the runtime; allocates nothing.
+    pub fn wait_name(&self, dir: &str, name: &str) {
+        self.wait_while(|k| names_entry(k, dir, name));
     }
 
     /// Wait for the deletes of keys under `prefix` (a listing of that directory).
@@ -170,5 +170,27 @@ impl<S: ObjectStore> Deletes<S> {
             "Operations that waited for a rename's delete.",
             load(&self.waited),
         ));
+    }
+}
+
+/// Whether `key` is the entry `name` of the directory prefix `dir`, or lies under it.
+fn names_entry(key: &str, dir: &str, name: &str) -> bool {
+    key.strip_prefix(dir)
+        .and_then(|rest| rest.strip_prefix(name))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_entry;
+
+    #[test]
+    fn an_entry_is_its_key_and_what_lies_under_it() {
+        assert!(names_entry("d/a", "d/", "a"));
+        assert!(names_entry("d/a/x", "d/", "a"));
+        assert!(names_entry("a", "", "a"));
+        assert!(!names_entry("d/ab", "d/", "a"));
+        assert!(!names_entry("d/a.tmp", "d/", "a"));
+        assert!(!names_entry("e/a", "d/", "a"));
     }
 }

@@ -465,7 +465,7 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let key = names::child_key(p.key(), name);
-        self.deletes.wait_name(&key, &names::dir_prefix_of(&key));
+        self.deletes.wait_name(p.key(), name);
         if self.negative_hit(&key) || self.known_absent(&p, name, now)? {
             return Err(Errno::ENOENT);
         }

@@ -117,8 +117,7 @@ impl<S: ObjectStore> S3Fs<S> {
         })?;
         names::check_name(name).map_err(|b| errno(b.errno()))?;
         // Something is to be stored under this name: a rename's delete of it finishes first.
-        let key = names::child_key(p.key(), name);
-        self.deletes.wait_name(&key, &names::dir_prefix_of(&key));
+        self.deletes.wait_name(p.key(), name);
         Ok((p, name))
     }
 

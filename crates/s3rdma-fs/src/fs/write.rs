@@ -189,7 +189,7 @@ impl<S: ObjectStore> S3Fs<S> {
         })?;
         names::check_name(name).map_err(|b| errno(b.errno()))?;
         let key = names::child_key(p.key(), name);
-        self.deletes.wait_name(&key, &names::dir_prefix_of(&key));
+        self.deletes.wait_name(p.key(), name);
         let inode = self.inodes.upsert_child(parent, name, Kind::File, key);
         if let Some(neg) = &self.ns.negative {
             neg.invalidate(inode.key());

@@ -245,17 +245,20 @@ fn drop_caches_of(path: &Path) {
 #[test]
 fn a_remote_metrics_address_needs_the_flag() {
     let b = bucket("metrics-remote");
-    let mut cmd = s3rdma();
-    cmd.arg(&b)
-        .arg(mountpoint())
-        .args([
-            "--endpoint-url",
-            &server().endpoint,
-            "--force-path-style",
-            "--foreground",
-        ])
-        .args(["--metrics-addr", "0.0.0.0:9464"]);
-    let (code, err) = run_to_end(cmd, Duration::from_secs(20));
+    let start = |addr: &str| {
+        let mut cmd = s3rdma();
+        cmd.arg(&b)
+            .arg(mountpoint())
+            .args([
+                "--endpoint-url",
+                &server().endpoint,
+                "--force-path-style",
+                "--foreground",
+            ])
+            .args(["--metrics-addr", addr]);
+        run_to_end(cmd, Duration::from_secs(30))
+    };
+    let (code, err) = start("0.0.0.0:9464");
     assert_ne!(code, 0);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{err}");
@@ -263,17 +266,7 @@ fn a_remote_metrics_address_needs_the_flag() {
     // A taken port fails the start-up with one line naming the option.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let mut cmd = s3rdma();
-    cmd.arg(&b)
-        .arg(mountpoint())
-        .args([
-            "--endpoint-url",
-            &server().endpoint,
-            "--force-path-style",
-            "--foreground",
-        ])
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
-    let (code, err) = run_to_end(cmd, Duration::from_secs(30));
+    let (code, err) = start(&format!("127.0.0.1:{port}"));
     assert_ne!(code, 0);
     assert!(err.contains("--metrics-addr"), "{err}");
 }

@@ -298,7 +298,9 @@ fn real_endpoint_round_trips() {
         assert!(back == pattern(len, 100 + i as u64), "RDMA read of {len}");
         eprintln!("{len} bytes: RDMA PUT + GET ok");
     }
-    eprintln!("counters: {}", s3.stats().summary());
+    let mut counters = s3rdma_metrics::StatsText::default();
+    s3rdma_metrics::Report::report(s3.stats().as_ref(), &mut counters);
+    eprintln!("counters:\n{}", counters.text);
 }
 
 // [S-RDMA-MULTIPART]
