@@ -13,6 +13,7 @@ mod sdk;
 mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod xattr;
 
 pub use error::{S3Error, S3ErrorKind};
 pub use meta::FileMeta;

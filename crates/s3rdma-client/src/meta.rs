@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::xattr::{self, Xattrs};
+
 /// The attributes a file may carry; `None` = not stored (the mount's defaults apply).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FileMeta {
@@ -14,6 +16,9 @@ pub struct FileMeta {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub mtime: Option<SystemTime>,
+    /// User extended attributes (`x-amz-meta-xattr`, see [`crate::xattr`]); `None` = not
+    /// known or not changed, `Some` of an empty map = none.
+    pub xattrs: Option<Xattrs>,
 }
 
 impl FileMeta {
@@ -39,6 +44,7 @@ impl FileMeta {
             uid: get("uid").and_then(|v| v.parse().ok()),
             gid: get("gid").and_then(|v| v.parse().ok()),
             mtime: get("mtime").and_then(parse_time),
+            xattrs: get(xattr::HEADER).map(xattr::decode),
         }
     }
 
@@ -61,6 +67,9 @@ impl FileMeta {
         if let Some(t) = self.mtime {
             m.insert("mtime".into(), format_time(t));
         }
+        if let Some(h) = self.xattrs.as_ref().and_then(xattr::encode) {
+            m.insert(xattr::HEADER.into(), h);
+        }
         m
     }
 
@@ -71,6 +80,7 @@ impl FileMeta {
             uid,
             gid,
             mtime: None,
+            xattrs: None,
         }
     }
 
@@ -90,7 +100,14 @@ impl FileMeta {
             uid: other.uid.or(self.uid),
             gid: other.gid.or(self.gid),
             mtime: other.mtime.or(self.mtime),
+            xattrs: other.xattrs.clone().or_else(|| self.xattrs.clone()),
         }
+    }
+
+    /// Bytes of user metadata these attributes take when stored (names without the
+    /// `x-amz-meta-` prefix plus values, as S3 counts them against its 2 KiB limit).
+    pub fn stored_len(&self) -> usize {
+        self.to_map().iter().map(|(k, v)| k.len() + v.len()).sum()
     }
 }
 
@@ -129,6 +146,7 @@ mod tests {
             uid: Some(1000),
             gid: Some(0),
             mtime: Some(UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789)),
+            xattrs: Some([("user.k".to_string(), b"v".to_vec())].into()),
         };
         let map = m.to_map();
         assert_eq!(map["mode"], "33184");

@@ -669,6 +669,48 @@ impl ObjectStore for S3Client {
         done
     }
 
+    /// One CopyObject with the `COPY` metadata directive up to `single_limit` (at most S3's
+    /// 5 GiB); above, HeadObject for the attributes and a multipart copy.
+    async fn copy_object_as_is(
+        &self,
+        src: &ObjectInfo,
+        dst: &str,
+        single_limit: u64,
+    ) -> Result<String, S3Error> {
+        if src.size > single_limit.min(5 << 30) {
+            let now = self.head(&src.key).await?;
+            if now.etag != src.etag {
+                return Err(S3Error::new(
+                    S3ErrorKind::PreconditionFailed,
+                    "CopyObject",
+                    &src.key,
+                    "the source changed since it was listed",
+                ));
+            }
+            let meta = now.meta.clone().unwrap_or_default();
+            return self.copy_object(&now, dst, &meta, single_limit).await;
+        }
+        let source = format!("{}/{}", self.bucket, encode_key(&src.key));
+        let start = self.stats.request(S3Request::Copy, Transport::Http);
+        let res = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(dst)
+            .copy_source(&source)
+            .copy_source_if_match(&src.etag)
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Copy)
+            .send()
+            .await;
+        log_outcome("CopyObject", dst, start, &res);
+        let out = res.map_err(|e| convert("CopyObject", dst, e))?;
+        Ok(out
+            .copy_object_result()
+            .and_then(|r| r.e_tag())
+            .map(quoted_etag)
+            .unwrap_or_default())
+    }
+
     async fn upload_part_copy(
         &self,
         key: &str,

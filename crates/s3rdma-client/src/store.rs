@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use cuobj_ffi::{RegisteredBuffer, Registration};
 
-use crate::{FileMeta, RdmaMode, S3Error, TransportStats};
+use crate::{FileMeta, RdmaMode, S3Error, S3ErrorKind, TransportStats};
 
 /// The object store the filesystem runs on. Every operation is one S3 request (or, for
 /// [`ObjectStore::copy_object`] of a large object, one multipart copy), already retried as the
@@ -119,6 +119,31 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         meta: &FileMeta,
         single_limit: u64,
     ) -> impl Future<Output = Result<String, S3Error>> + Send;
+
+    /// [`ObjectStore::copy_object`] keeping the source's own stored attributes (a directory
+    /// rename moves keys it has only listed). The default asks HeadObject for them, then
+    /// copies; a store that can copy metadata as it is (one CopyObject with the `COPY`
+    /// directive) does so for objects up to `single_limit`.
+    fn copy_object_as_is(
+        &self,
+        src: &ObjectInfo,
+        dst: &str,
+        single_limit: u64,
+    ) -> impl Future<Output = Result<String, S3Error>> + Send {
+        async move {
+            let now = self.head(&src.key).await?;
+            if now.etag != src.etag {
+                return Err(S3Error::new(
+                    S3ErrorKind::PreconditionFailed,
+                    "CopyObject",
+                    &src.key,
+                    "the source changed since it was listed",
+                ));
+            }
+            let meta = now.meta.clone().unwrap_or_default();
+            self.copy_object(&now, dst, &meta, single_limit).await
+        }
+    }
 
     /// UploadPartCopy: part `part` of `upload_id` becomes bytes `range` (end exclusive) of
     /// `src_key`, which must still have ETag `src_etag` (`x-amz-copy-source-if-match`; a

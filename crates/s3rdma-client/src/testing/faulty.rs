@@ -307,6 +307,16 @@ impl<S: ObjectStore> ObjectStore for Faulty<S> {
             .await
     }
 
+    async fn copy_object_as_is(
+        &self,
+        src: &ObjectInfo,
+        dst: &str,
+        single_limit: u64,
+    ) -> Result<String, S3Error> {
+        self.plain(Op::Copy, dst).await?;
+        self.inner.copy_object_as_is(src, dst, single_limit).await
+    }
+
     async fn copy_object(
         &self,
         src: &ObjectInfo,

@@ -195,6 +195,15 @@ impl MemStore {
         etag
     }
 
+    /// Another client stores `data` at `key` with stored attributes `meta` (as s3fs stores a
+    /// link or a file's mode and extended attributes; not counted); returns its ETag.
+    pub fn put_external_with(&self, key: &str, data: &[u8], meta: FileMeta) -> String {
+        let mut st = self.lock();
+        let etag = st.etag();
+        st.store(key, data.into(), etag.clone(), meta);
+        etag
+    }
+
     /// Another client deletes `key` (not counted); whether it was there.
     pub fn delete_external(&self, key: &str) -> bool {
         self.lock().objects.remove(key).is_some()
@@ -556,6 +565,19 @@ impl ObjectStore for MemStore {
         self.count(Op::Delete);
         self.lock().objects.remove(key);
         Ok(())
+    }
+
+    async fn copy_object_as_is(
+        &self,
+        src: &ObjectInfo,
+        dst: &str,
+        single_limit: u64,
+    ) -> Result<String, S3Error> {
+        let meta = {
+            let st = self.lock();
+            st.version(Op::Copy, &src.key, &src.etag)?.meta.clone()
+        };
+        self.copy_object(src, dst, &meta, single_limit).await
     }
 
     async fn copy_object(

@@ -276,6 +276,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                 TimeOrNow::Now => SystemTime::now(),
                 TimeOrNow::SpecificTime(t) => t,
             }),
+            xattrs: None,
         };
         match self.do_setattr(ino.0, set) {
             Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
@@ -499,24 +500,63 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.counters.time(FuseOp::Getxattr);
-        // The root's counters, and whether a file is in the disk cache; anything else is
-        // unsupported (EOPNOTSUPP, not ENOSYS, which would make the kernel stop asking).
-        let text = if ino.0 == ROOT_INO && name == STATS_XATTR {
-            self.stats_text()
+        let _s = debug_span!("fuse", op = "getxattr", ino = ino.0, name = ?name).entered();
+        // The mount's own: the root's counters, and whether a file is in the disk cache.
+        let value = if ino.0 == ROOT_INO && name == STATS_XATTR {
+            Ok(self.stats_text().into_bytes())
         } else if name == s3rdma_proto::xattr::CACHED && self.disk.is_some() {
             match self.is_disk_cached(ino.0) {
-                Some(yes) => String::from(if yes { "1" } else { "0" }),
-                None => return reply.error(Errno::ENOENT),
+                Some(yes) => Ok(if yes { b"1".to_vec() } else { b"0".to_vec() }),
+                None => Err(Errno::ENOENT),
             }
         } else {
-            return reply.error(Errno::EOPNOTSUPP);
+            // EOPNOTSUPP, not ENOSYS, for other namespaces: ENOSYS makes the kernel stop asking.
+            match name.to_str() {
+                Some(name) => self.do_getxattr(ino.0, name),
+                None => Err(Errno::ENODATA),
+            }
         };
-        if size == 0 {
-            reply.size(text.len() as u32);
-        } else if text.len() > size as usize {
-            reply.error(Errno::ERANGE);
-        } else {
-            reply.data(text.as_bytes());
+        reply_xattr(reply, size, value);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _t = self.counters.time(FuseOp::Getxattr);
+        let _s = debug_span!("fuse", op = "listxattr", ino = ino.0).entered();
+        reply_xattr(reply, size, self.do_listxattr(ino.0));
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let _t = self.counters.time(FuseOp::Setattr);
+        let _s = debug_span!("fuse", op = "setxattr", ino = ino.0, name = ?name).entered();
+        let done = match name.to_str() {
+            Some(name) => self.do_setxattr(ino.0, name, value, flags),
+            None => Err(Errno::EINVAL),
+        };
+        match done {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.counters.time(FuseOp::Setattr);
+        let _s = debug_span!("fuse", op = "removexattr", ino = ino.0, name = ?name).entered();
+        let done = match name.to_str() {
+            Some(name) => self.do_removexattr(ino.0, name),
+            None => Err(Errno::ENODATA),
+        };
+        match done {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -527,5 +567,16 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             Some(_) => reply.ok(),
             None => reply.error(Errno::ENOENT),
         }
+    }
+}
+
+/// A `getxattr`/`listxattr` answer: the size when asked with 0, `ERANGE` when the caller's
+/// buffer is too small.
+fn reply_xattr(reply: ReplyXattr, size: u32, value: Result<Vec<u8>, Errno>) {
+    match value {
+        Err(e) => reply.error(e),
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
     }
 }

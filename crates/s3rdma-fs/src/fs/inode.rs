@@ -360,6 +360,42 @@ impl Tables {
         }
     }
 
+    /// The body of [`InodeTable::rename`]: `stale`, the stat must be asked for again.
+    fn move_inode(
+        &mut self,
+        ino: u64,
+        new_parent: u64,
+        name: &str,
+        key: String,
+        stale: bool,
+    ) -> Option<Arc<Inode>> {
+        let old = self.by_ino.get(&ino)?.clone();
+        let state = old.lock();
+        let moved = Arc::new(Inode::new(
+            ino,
+            new_parent,
+            name,
+            old.kind,
+            key,
+            InodeState {
+                stat: state.stat.clone(),
+                valid_until: if stale { None } else { state.valid_until },
+                asked_at: None,
+                opened_etag: None,
+            },
+        ));
+        drop(state);
+        // The kernel keeps its entries of the moved inode (under the write lock: no
+        // `remember` or `forget` runs meanwhile).
+        moved
+            .lookups
+            .store(old.lookups.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.unlink(&old);
+        self.link(&moved);
+        self.by_ino.insert(ino, moved.clone());
+        Some(moved)
+    }
+
     fn is_live(&self, ino: u64) -> bool {
         self.by_ino
             .get(&ino)
@@ -463,31 +499,41 @@ impl InodeTable {
     /// Move inode `ino` to `name` in `new_parent` with key `key` (after a rename): the same
     /// number, a new entry; whatever had that name loses it. Returns the moved inode.
     pub fn rename(&self, ino: u64, new_parent: u64, name: &str, key: String) -> Option<Arc<Inode>> {
+        self.write().move_inode(ino, new_parent, name, key, false)
+    }
+
+    /// [`InodeTable::rename`] of a directory: every inode below it keeps its number and name
+    /// and takes its key under the new prefix; what they knew of their objects must be asked
+    /// again (a copy may have a new ETag).
+    pub fn rename_tree(
+        &self,
+        ino: u64,
+        new_parent: u64,
+        name: &str,
+        prefix: String,
+    ) -> Option<Arc<Inode>> {
         let mut t = self.write();
-        let old = t.by_ino.get(&ino)?.clone();
-        let state = old.lock();
-        let moved = Arc::new(Inode::new(
-            ino,
-            new_parent,
-            name,
-            old.kind,
-            key,
-            InodeState {
-                stat: state.stat.clone(),
-                valid_until: state.valid_until,
-                asked_at: None,
-                opened_etag: None,
-            },
-        ));
-        drop(state);
-        // The kernel keeps its entries of the moved inode (under the write lock: no
-        // `remember` or `forget` runs meanwhile).
-        moved
-            .lookups
-            .store(old.lookups.load(Ordering::Relaxed), Ordering::Relaxed);
-        t.unlink(&old);
-        t.link(&moved);
-        t.by_ino.insert(ino, moved.clone());
+        let moved = t.move_inode(ino, new_parent, name, prefix, false)?;
+        let mut dirs = vec![moved.clone()];
+        while let Some(dir) = dirs.pop() {
+            let kids: Vec<Arc<Inode>> = t
+                .dirs
+                .get(&dir.ino)
+                .map(|c| c.iter().cloned().collect())
+                .unwrap_or_default();
+            for kid in kids {
+                let mut key = format!("{}{}", dir.key(), kid.name());
+                if kid.kind == Kind::Dir {
+                    key.push('/');
+                }
+                let name = kid.name().to_string();
+                if let Some(m) = t.move_inode(kid.ino, dir.ino, &name, key, true) {
+                    if m.kind == Kind::Dir {
+                        dirs.push(m);
+                    }
+                }
+            }
+        }
         Some(moved)
     }
 

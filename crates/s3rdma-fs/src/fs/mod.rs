@@ -10,18 +10,22 @@ pub mod attrs;
 pub mod control;
 mod deletes;
 pub mod dir;
+mod dirrename;
 mod forget;
 mod fuse;
 pub mod inode;
+pub mod kinds;
 pub mod known;
 pub mod names;
 pub mod namespace;
+mod parallel;
 mod passthrough;
 pub mod probe;
 pub mod report;
 mod staged;
 mod symlink;
 pub mod write;
+pub mod xattrs;
 
 #[cfg(test)]
 mod tests;
@@ -71,6 +75,8 @@ pub struct FsConfig {
     /// `mkdir` stores a `dir/` marker object (else the directory lives in this mount until
     /// something is written in it).
     pub dir_markers: bool,
+    /// A directory rename moves at most this many keys; above, `EXDEV` (see `dirrename`).
+    pub max_dir_rename_keys: usize,
     /// Objects above this size are copied (rename, attribute changes) with UploadPartCopy.
     pub multipart_copy_threshold: u64,
     /// `open` uses attributes younger than `metadata_ttl` (from a lookup or a listing) instead
@@ -831,49 +837,34 @@ impl<S: ObjectStore> S3Fs<S> {
         // Directories this mount keeps whatever S3 says (made here, or holding one or a file
         // being written).
         let kept = self.local_dirs_in(inode.ino);
+        let learnt = self.learn_kinds(inode, &listing.entries)?;
         for (name, listed) in &listing.entries {
+            if learnt.gone.contains(name) {
+                continue;
+            }
             let (child, stat) = match listed {
                 Listed::Dir => {
                     let prefix = names::dir_prefix_of(&names::child_key(inode.key(), name));
                     let child = self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix);
-                    (child, dir_stat.clone())
+                    let stat = self.listed_stat(&child, dir_stat.clone(), cached, until, now);
+                    (child, stat)
                 }
                 Listed::File(info) => {
                     // A directory made in this mount wins over a file another client stored
                     // under the same name since [S-NS-CLASH].
-                    let key = names::child_key(inode.key(), name);
                     if kept.iter().any(|c| c.name() == *name) {
+                        let key = names::child_key(inode.key(), name);
                         self.log_hidden(&key, "a directory of the same name exists");
                         continue;
                     }
-                    // A listing does not tell a symbolic link: one known as such (this
-                    // version, from a lookup) stays one.
-                    let kind = match self.inodes.child(inode.ino, name) {
-                        Some(c)
-                            if c.kind == Kind::Symlink
-                                && c.last_stat().is_some_and(|s| *s.etag == *info.etag) =>
-                        {
-                            Kind::Symlink
+                    match learnt.found.get(name) {
+                        Some(head) => self.asked_file(inode, name, head, until, now),
+                        None => {
+                            let (child, stat) = self.listed_file(inode, name, info);
+                            let stat = self.listed_stat(&child, stat, cached, until, now);
+                            (child, stat)
                         }
-                        _ => Kind::File,
-                    };
-                    let child = self.inodes.upsert_child(inode.ino, name, kind, key);
-                    let stat = Stat {
-                        size: info.size,
-                        mtime: info.last_modified,
-                        etag: info.etag.to_string(),
-                        meta: None,
                     }
-                    .inherit(child.last_stat().as_ref());
-                    (child, stat)
-                }
-            };
-            // A reused listing never overrides what was learnt after it.
-            let stat = match cached.then(|| child.fresh_stat(now)).flatten() {
-                Some(newer) => newer,
-                None => {
-                    child.set_stat(stat.clone(), until);
-                    stat
                 }
             };
             let stat = self.local_stat(child.ino).unwrap_or(stat);
@@ -910,6 +901,59 @@ impl<S: ObjectStore> S3Fs<S> {
             entries: out,
             ttl: self.ns.listings.remaining(listing.at, Instant::now()),
         })
+    }
+
+    /// A listed file whose type and attributes HeadObject just told (see `kinds`).
+    fn asked_file(
+        &self,
+        dir: &Inode,
+        name: &str,
+        head: &s3rdma_client::ObjectInfo,
+        until: Instant,
+        now: Instant,
+    ) -> (Arc<Inode>, Stat) {
+        let stat = Stat::from(head);
+        let kind = Kind::of_object(stat.meta.as_ref());
+        let key = names::child_key(dir.key(), name);
+        let child = self.inodes.upsert_child(dir.ino, name, kind, key);
+        child.set_stat_asked(stat.clone(), until, now);
+        (child, stat)
+    }
+
+    /// A listed file as the listing tells it, with the stored attributes this mount knows of
+    /// this version: its type is theirs, and a file where none are known (the listing asked
+    /// for every object that may be a link: see `kinds`).
+    fn listed_file(&self, dir: &Inode, name: &str, info: &dir::ListedFile) -> (Arc<Inode>, Stat) {
+        let known = self.inodes.child(dir.ino, name);
+        let stat = Stat {
+            size: info.size,
+            mtime: info.last_modified,
+            etag: info.etag.to_string(),
+            meta: None,
+        }
+        .inherit(known.and_then(|c| c.last_stat()).as_ref());
+        let kind = Kind::of_object(stat.meta.as_ref());
+        let key = names::child_key(dir.key(), name);
+        (self.inodes.upsert_child(dir.ino, name, kind, key), stat)
+    }
+
+    /// The stat a listed entry gets: a reused listing never overrides what was learnt after
+    /// it.
+    fn listed_stat(
+        &self,
+        child: &Inode,
+        stat: Stat,
+        cached: bool,
+        until: Instant,
+        now: Instant,
+    ) -> Stat {
+        match cached.then(|| child.fresh_stat(now)).flatten() {
+            Some(newer) => newer,
+            None => {
+                child.set_stat(stat.clone(), until);
+                stat
+            }
+        }
     }
 
     /// One full ListObjectsV2 walk of the directory.

@@ -1,10 +1,10 @@
 //! Namespace operations: `mkdir`, `rmdir`, `unlink`, `rename` and `setattr`.
 //!
 //! S3 has no directories and no rename: a directory made here lives in this mount (or as a
-//! `dir/` marker with `--dir-markers`) until keys exist under it; a file rename is a
-//! server-side copy conditional on the source's ETag, then a delete of the source; directory
-//! renames are refused with EXDEV so that `mv` copies and deletes instead. Mode, owner and
-//! mtime of a file are stored as user metadata (see `s3::meta`), by a copy of the object onto
+//! `dir/` marker, unless `--no-dir-markers`) until keys exist under it; a file rename is a
+//! server-side copy conditional on the source's ETag, then a delete of the source; a
+//! directory rename moves every key under it (see `dirrename`). Mode, owner, mtime and user
+//! extended attributes of a file are stored as user metadata (see `s3rdma_client::meta`), by a copy of the object onto
 //! itself when the file is already stored; a directory's are kept in memory for the life of
 //! the mount.
 
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use fuser::{Errno, FileAttr, RenameFlags};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::inode::{Inode, Kind, Stat, ROOT_INO};
 use super::{errno, names, FsResult, S3Fs};
@@ -27,6 +27,8 @@ pub struct SetAttr {
     pub gid: Option<u32>,
     pub size: Option<u64>,
     pub mtime: Option<SystemTime>,
+    /// The file's user extended attributes, all of them (see `xattrs`).
+    pub xattrs: Option<s3rdma_client::xattr::Xattrs>,
 }
 
 impl SetAttr {
@@ -36,6 +38,7 @@ impl SetAttr {
             uid: self.uid,
             gid: self.gid,
             mtime: self.mtime,
+            xattrs: self.xattrs.clone(),
         }
     }
 }
@@ -58,7 +61,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// `ino` and its parents up to the root.
-    fn ancestry(&self, ino: u64) -> impl Iterator<Item = Arc<Inode>> + '_ {
+    pub(super) fn ancestry(&self, ino: u64) -> impl Iterator<Item = Arc<Inode>> + '_ {
         std::iter::successors(self.inodes.get(ino), move |i| {
             (i.ino != ROOT_INO)
                 .then(|| self.inodes.get(i.parent))
@@ -271,9 +274,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let src = self.existing_child(parent, name)?;
         let (np, new_name) = self.dir_and_name(new_parent, new_name)?;
         if src.kind == Kind::Dir {
-            // S3 cannot move a prefix atomically: mv falls back to copy + delete.
-            info!(key = %src.key(), "directory rename refused with EXDEV (S3 has no directories); mv copies and deletes instead");
-            return Err(Errno::EXDEV);
+            return self.rename_dir(&src, &np, new_name, flags);
         }
         let dst_key = names::child_key(np.key(), new_name);
         if dst_key == src.key() {
@@ -426,7 +427,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// What [`Self::known`] gives, else what HeadObject answers now (and is remembered).
-    fn known_version(&self, inode: &Inode, op: &str) -> FsResult<ObjectInfo> {
+    pub(super) fn known_version(&self, inode: &Inode, op: &str) -> FsResult<ObjectInfo> {
         if let Some(info) = self.known(inode) {
             return Ok(info);
         }

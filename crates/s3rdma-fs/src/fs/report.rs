@@ -142,6 +142,14 @@ pub(super) struct FsCounters {
     pub failures: Failures,
     /// Inodes dropped after the kernel forgot them.
     pub inodes_dropped: AtomicU64,
+    /// HeadObject requests a listing made to learn the type of objects that may be links.
+    pub listing_heads: AtomicU64,
+    /// Directory renames done, keys they moved, renames undone (a copy failed), and source
+    /// keys left behind (their delete failed: both names remain).
+    pub dir_renames: AtomicU64,
+    pub dir_rename_keys: AtomicU64,
+    pub dir_renames_undone: AtomicU64,
+    pub dir_rename_deletes_failed: AtomicU64,
     /// Time from a FUSE request to its reply, by opcode.
     fuse: [Histogram; FuseOp::ALL.len()],
     /// Time from an open for reading to the reply of its first read.
@@ -236,6 +244,16 @@ impl<S: ObjectStore> Report for FsReport<S> {
             "Inodes the kernel forgot that the mount still needs.",
             self.inodes.deferred() as u64,
         ));
+        let counters: [(&str, &str, &AtomicU64); 5] = [
+            ("listing_heads", "HeadObject requests listings made to learn whether small objects are symbolic links.", &c.listing_heads),
+            ("dir_renames", "Directories renamed (every key copied, then the sources deleted).", &c.dir_renames),
+            ("dir_rename_keys", "Keys moved by directory renames.", &c.dir_rename_keys),
+            ("dir_renames_undone", "Directory renames undone because a copy failed (the source left whole).", &c.dir_renames_undone),
+            ("dir_rename_deletes_failed", "Source keys a directory rename could not delete (both names remain).", &c.dir_rename_deletes_failed),
+        ];
+        for (name, help, v) in counters {
+            out.value(Value::counter(name, help, load(v)));
+        }
         const FAILED: &str = "Operations that failed because of S3, by the errno returned.";
         for ((_, stat, errno), n) in Failures::NAMES.iter().zip(&c.failures.0) {
             let labels: &[(&str, &str)] = &[("errno", errno)];

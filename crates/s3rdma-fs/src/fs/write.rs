@@ -201,6 +201,7 @@ impl<S: ObjectStore> S3Fs<S> {
             uid: (uid != self.cfg.uid).then_some(uid),
             gid: (gid != self.cfg.gid).then_some(gid),
             mtime: None,
+            xattrs: None,
         };
         // The kernel found no such name: the object must still not exist when it is stored.
         if self.can_stage() && staged::wants_staging(flags, 0) {

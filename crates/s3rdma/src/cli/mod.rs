@@ -251,10 +251,20 @@ pub struct Cli {
     #[arg(long, help_heading = "Writing")]
     pub no_file_metadata: bool,
 
-    /// mkdir stores a 'dir/' marker object, so that an empty directory exists for other
-    /// clients and after a remount (without it, it lives in this mount until a file is
-    /// written in it)
+    /// mkdir stores no 'dir/' marker object: an empty directory made here then lives in this
+    /// mount only, until a file is written in it (by default it is stored, so it exists for
+    /// other clients and after a remount)
     #[arg(long, help_heading = "Writing")]
+    pub no_dir_markers: bool,
+
+    /// A directory rename moves at most this many keys (copied on the server, then the
+    /// sources deleted); a larger directory's rename fails with EXDEV, so that mv copies and
+    /// deletes it file by file [default: 10000]
+    #[arg(long, value_name = "N", help_heading = "Writing")]
+    pub max_dir_rename_keys: Option<usize>,
+
+    /// Markers are the default now; kept so that older command lines still mount
+    #[arg(long, hide = true, conflicts_with = "no_dir_markers")]
     pub dir_markers: bool,
 
     /// Copies (rename, attribute changes) of objects above this size use UploadPartCopy
@@ -417,7 +427,11 @@ impl Cli {
             "upload_concurrency" => self.upload_concurrency = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
             "no_file_metadata" => self.no_file_metadata = flag(value)?,
             "file_metadata" => self.no_file_metadata = !flag(value)?,
-            "dir_markers" => self.dir_markers = flag(value)?,
+            "dir_markers" => self.no_dir_markers = !flag(value)?,
+            "no_dir_markers" => self.no_dir_markers = flag(value)?,
+            "max_dir_rename_keys" => {
+                self.max_dir_rename_keys = Some(narrow(num(value)?, usize::MAX as u64)? as usize)
+            }
             "multipart_copy_threshold" => {
                 self.multipart_copy_threshold = Some(with_key(key, parse_size(&need(value)?))?)
             }
@@ -767,7 +781,8 @@ impl Settings {
                 direct_io: cli.direct_io,
                 read_only: cli.read_only,
                 file_metadata: !cli.no_file_metadata,
-                dir_markers: cli.dir_markers,
+                dir_markers: !cli.no_dir_markers,
+                max_dir_rename_keys: cli.max_dir_rename_keys.unwrap_or(10_000),
                 multipart_copy_threshold,
                 open_trusts_metadata: cli.open_trusts_metadata,
             },

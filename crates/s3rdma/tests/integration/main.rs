@@ -12,6 +12,7 @@ mod namespace;
 mod nvidia;
 mod rdma;
 mod read;
+mod roundtrip;
 mod security;
 mod semantics;
 mod soak;

@@ -276,13 +276,13 @@ fn cp_mv_tar_find_du_and_rm_r_work_on_trees() {
 fn mkdir_and_rmdir() {
     let b = bucket("mkdir");
     put(&b, "full/x", b"x".to_vec());
-    let m = Mount::new(&b, &["--metadata-ttl", "0"]);
+    let m = Mount::new(&b, &["--metadata-ttl", "0", "--no-dir-markers"]);
     std::fs::create_dir(m.join("local")).unwrap();
     assert!(
         m.join("local").is_dir(),
         "a new directory is there before any key"
     );
-    assert_eq!(server_keys(&b).len(), 1, "no marker without --dir-markers");
+    assert_eq!(server_keys(&b).len(), 1, "no marker with --no-dir-markers");
     std::fs::write(m.join("local/f"), b"f").unwrap();
     assert_eq!(backend_get(&b, "local/f").unwrap(), b"f");
     let e = std::fs::remove_dir(m.join("local")).unwrap_err();
@@ -299,8 +299,8 @@ fn mkdir_and_rmdir() {
     std::fs::remove_dir(m.join("local")).unwrap();
     assert!(!m.join("local").exists());
     drop(m);
-    // With markers: an empty directory exists on the server and after a remount.
-    let m = Mount::new(&b, &["--dir-markers"]);
+    // With markers (the default): an empty directory exists on the server and after a remount.
+    let m = Mount::new(&b, &[]);
     std::fs::create_dir(m.join("kept")).unwrap();
     assert_eq!(backend_get(&b, "kept/").unwrap(), b"");
     drop(m);

@@ -4,6 +4,7 @@
 //! sequences against a reference model of SEMANTICS.md.
 
 mod model;
+mod tree;
 mod unit;
 
 use std::ffi::OsStr;
@@ -57,6 +58,7 @@ pub(super) fn strict_config() -> FsConfig {
         read_only: false,
         file_metadata: true,
         dir_markers: false,
+        max_dir_rename_keys: 10_000,
         multipart_copy_threshold: 5 << 30,
         open_trusts_metadata: false,
     }
@@ -142,7 +144,7 @@ impl Fx {
     }
 
     /// The parent directory's inode and the last name of `path`.
-    fn parent_of<'a>(&self, path: &'a str) -> Result<(u64, &'a str), Errno> {
+    pub fn parent_of<'a>(&self, path: &'a str) -> Result<(u64, &'a str), Errno> {
         let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
         let p = self.resolve(dir)?;
         if p.kind != FileType::Directory {

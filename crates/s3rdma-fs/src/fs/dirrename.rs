@@ -1,0 +1,219 @@
+//! Directory rename as one operation of this mount. [S-NS-DIR-RENAME]
+//!
+//! S3 has no directories: renaming one moves every key under its prefix. Each key is copied on
+//! the server to its new name (conditional on the ETag the listing gave, [`COPIES_AT_ONCE`] in
+//! flight, UploadPartCopy above the copy threshold; markers are keys and move too), and only
+//! once every copy is stored are the sources deleted. So:
+//! - a copy failing (an outage, or another client changing or deleting a key meanwhile)
+//!   before any delete removes the copies made and leaves the source whole: `rename` fails
+//!   with `ESTALE` (the tree changed) or the errno of the failure (`EIO`, ...);
+//! - a crash part-way loses no key: both names may remain, the new one complete or partial,
+//!   the old one whole until its deletes ran (a delete that fails is logged and counted,
+//!   `dir_rename_deletes_failed`, and leaves that key under the old name too);
+//! - while it runs, the kernel holds both parent directories locked, so this mount shows the
+//!   directory under one name; a key another client writes under the old name meanwhile stays
+//!   there.
+//!
+//! Files open for writing or staged below it make the rename fail with `EBUSY` (close them
+//! first); attribute changes waiting to be written back are stored first. A directory made here
+//! that has no key (with `--no-dir-markers`) is renamed in memory. Above
+//! `--max-dir-rename-keys` keys the rename fails with `EXDEV`, so `mv` copies and deletes file by
+//! file instead. The target may be an empty directory (replaced), never a file (`ENOTDIR`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuser::{Errno, RenameFlags};
+use tracing::{error, info, warn};
+
+use super::inode::{Inode, Kind};
+use super::{names, parallel, FsResult, S3Fs};
+use s3rdma_client::{ObjectInfo, ObjectStore, S3Error, S3ErrorKind};
+
+/// Copies (and then deletes) one directory rename keeps in flight.
+pub const COPIES_AT_ONCE: usize = 16;
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// `rename` of the directory `src` to `new_name` in `np`.
+    pub(super) fn rename_dir(
+        &self,
+        src: &Arc<Inode>,
+        np: &Inode,
+        new_name: &str,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let dst_prefix = names::dir_prefix_of(&names::child_key(np.key(), new_name));
+        if dst_prefix == src.key() {
+            return Ok(());
+        }
+        self.rename_dir_target(np, new_name, &dst_prefix, flags)?;
+        self.rename_dir_settle(src)?;
+        let keys = self.keys_under(src.key())?;
+        if keys.is_empty() && !self.is_local_dir(src.ino) {
+            return Err(Errno::ENOENT);
+        }
+        info!(from = %src.key(), to = %dst_prefix, keys = keys.len(), "renaming a directory: copying its keys, then deleting the sources");
+        self.copy_all(&keys, src.key(), &dst_prefix)?;
+        if let Some(neg) = &self.ns.negative {
+            neg.invalidate_all();
+        }
+        self.inodes
+            .rename_tree(src.ino, np.ino, new_name, dst_prefix.clone());
+        self.delete_all(keys);
+        self.counters.dir_renames.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// What the new name holds may be replaced: nothing, or an empty directory.
+    fn rename_dir_target(
+        &self,
+        np: &Inode,
+        new_name: &str,
+        dst_prefix: &str,
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let dst = match self.resolve(np.ino, std::ffi::OsStr::new(new_name)) {
+            Ok((inode, _)) => inode,
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            return Err(Errno::EEXIST);
+        }
+        if dst.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        if !self.local_files_in(dst.ino).is_empty() || !self.local_dirs_in(dst.ino).is_empty() {
+            return Err(Errno::ENOTEMPTY);
+        }
+        self.deletes.wait_prefix(dst_prefix);
+        let page = self
+            .rt
+            .block_on(self.s3.list_page(dst_prefix, Some("/"), None, 2))
+            .map_err(|e| self.fail("rename", &e))?;
+        if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != dst_prefix) {
+            return Err(Errno::ENOTEMPTY);
+        }
+        Ok(())
+    }
+
+    /// Nothing below `src` may be half-written: files being written or staged there make the
+    /// rename fail (`EBUSY`); attribute changes not written back yet are stored first.
+    fn rename_dir_settle(&self, src: &Inode) -> FsResult<()> {
+        let busy = self
+            .local_files()
+            .into_iter()
+            .any(|f| self.ancestry(f).any(|i| i.ino == src.ino && i.ino != f));
+        if busy {
+            warn!(key = %src.key(), "cannot rename a directory while a file in it is open for writing in this mount; close it first");
+            return Err(Errno::EBUSY);
+        }
+        if self.attrs.flush_all() > 0 {
+            return Err(Errno::EIO);
+        }
+        self.deletes.wait_prefix(src.key());
+        Ok(())
+    }
+
+    /// Every key under `prefix` (no delimiter), or `EXDEV` past `--max-dir-rename-keys`.
+    fn keys_under(&self, prefix: &str) -> FsResult<Vec<ObjectInfo>> {
+        let max = self.cfg.max_dir_rename_keys;
+        let listed: Result<Option<Vec<ObjectInfo>>, S3Error> = self.rt.block_on(async {
+            let mut keys = Vec::new();
+            let mut token = None;
+            loop {
+                let mut page = self.s3.list_page(prefix, None, token, 1000).await?;
+                keys.append(&mut page.objects);
+                if keys.len() > max {
+                    return Ok(None);
+                }
+                token = page.next_token.take();
+                if token.is_none() {
+                    return Ok(Some(keys));
+                }
+            }
+        });
+        match listed.map_err(|e| self.fail("rename", &e))? {
+            Some(keys) => Ok(keys),
+            None => {
+                info!(key = %prefix, max, "directory rename refused with EXDEV: it holds more keys than --max-dir-rename-keys; mv copies and deletes instead");
+                Err(Errno::EXDEV)
+            }
+        }
+    }
+
+    /// Copy every key to the new prefix; on any failure, remove the copies made.
+    fn copy_all(&self, keys: &[ObjectInfo], from: &str, to: &str) -> FsResult<()> {
+        let s3 = self.s3.clone();
+        let threshold = self.cfg.multipart_copy_threshold;
+        let jobs: Vec<(ObjectInfo, String)> = keys
+            .iter()
+            .map(|k| (k.clone(), format!("{to}{}", &k.key[from.len()..])))
+            .collect();
+        let done = self.rt.block_on(parallel::map_bounded(
+            jobs,
+            COPIES_AT_ONCE,
+            move |(k, dst)| {
+                let s3 = s3.clone();
+                async move {
+                    let r = s3.copy_object_as_is(&k, &dst, threshold).await;
+                    (dst, r)
+                }
+            },
+        ));
+        let Some(err) = done.iter().find_map(|(_, r)| r.as_ref().err()).cloned() else {
+            self.counters
+                .dir_rename_keys
+                .fetch_add(keys.len() as u64, Ordering::Relaxed);
+            return Ok(());
+        };
+        let made: Vec<String> = done
+            .into_iter()
+            .filter_map(|(dst, r)| r.ok().map(|_| dst))
+            .collect();
+        warn!(from, to, error = %err, copies = made.len(), "a directory rename failed before any source was deleted; removing its copies, the directory keeps its name");
+        self.counters
+            .dir_renames_undone
+            .fetch_add(1, Ordering::Relaxed);
+        let left = self.delete_keys(made);
+        if left > 0 {
+            error!(to, left, "copies of an undone directory rename could not be removed; they remain under the new name");
+        }
+        Err(match err.kind {
+            S3ErrorKind::PreconditionFailed | S3ErrorKind::NotFound => Errno::ESTALE,
+            _ => self.fail("rename", &err),
+        })
+    }
+
+    /// Delete the renamed sources; one that fails is logged and counted (both names remain).
+    fn delete_all(&self, keys: Vec<ObjectInfo>) {
+        let failed = self.delete_keys(keys.into_iter().map(|k| k.key).collect());
+        if failed > 0 {
+            self.counters
+                .dir_rename_deletes_failed
+                .fetch_add(failed as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Delete `keys`; how many failed (each logged).
+    fn delete_keys(&self, keys: Vec<String>) -> usize {
+        let s3 = self.s3.clone();
+        let results = self
+            .rt
+            .block_on(parallel::map_bounded(keys, COPIES_AT_ONCE, move |key| {
+                let s3 = s3.clone();
+                async move {
+                    let r = s3.delete_object(&key).await;
+                    (key, r)
+                }
+            }));
+        let mut failed = 0;
+        for (key, r) in results {
+            if let Err(e) = r {
+                error!(key, error = %e, "a renamed directory's key could not be deleted; it remains under the old name too");
+                failed += 1;
+            }
+        }
+        failed
+    }
+}

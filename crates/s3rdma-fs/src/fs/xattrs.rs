@@ -1,0 +1,163 @@
+//! User extended attributes (`user.*`) of files, stored with the object in s3fs's layout (see
+//! `s3rdma_client::xattr`) so that either tool reads the other's. [S-ATTR-XATTR]
+//!
+//! A change is a change of the file's stored attributes like `chmod`: it goes with the upload
+//! of a file being written or staged, else with the attribute write-back copy (one copy for the
+//! changes of a moment, see `attrs`). S3 holds at most 2 KiB of user metadata per object (mode,
+//! owner and times included): a change that would pass it fails with `ENOSPC` (`E2BIG` for one
+//! value larger than the whole limit), logged once with the key. Other namespaces
+//! (`security.`, `trusted.`, `system.`) are not supported (`ENOTSUP`); the mount's own
+//! `user.s3rdma.*` attributes are read-only and not listed. Directories and links have none.
+
+use fuser::Errno;
+use tracing::warn;
+
+use super::inode::{Kind, Stat};
+use super::namespace::SetAttr;
+use super::{FsResult, S3Fs};
+use s3rdma_client::xattr::{self, Xattrs};
+use s3rdma_client::{FileMeta, ObjectStore};
+
+/// S3's limit on an object's user metadata (names and values).
+pub const MAX_USER_METADATA: usize = 2048;
+
+/// `setxattr` flags (`<sys/xattr.h>`).
+const XATTR_CREATE: i32 = 1;
+const XATTR_REPLACE: i32 = 2;
+
+/// The prefix of the mount's own read-only attributes.
+const OWN_PREFIX: &str = "user.s3rdma.";
+
+/// Whether `name` is one this mount stores (`user.*`, not its own), else the errno to give.
+fn stored_name(name: &str) -> FsResult<()> {
+    if name.starts_with(OWN_PREFIX) {
+        return Err(Errno::EPERM);
+    }
+    if !name.starts_with("user.") {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if !xattr::storable_name(name) {
+        warn!(
+            name,
+            "an extended attribute's name cannot hold '\"' or ',' in S3 (s3fs's layout)"
+        );
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// The file's stored attributes as they stand (pending changes included): what this
+    /// mount wrote or learnt within the metadata TTL, else what HeadObject answers.
+    fn meta_now(&self, ino: u64, op: &str) -> FsResult<FileMeta> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let stat = match self.local_stat(ino) {
+            Some(s) => s,
+            None => Stat::from(&self.known_version(&inode, op)?),
+        };
+        let stat = self.attrs.overlay(ino, &stat).unwrap_or(stat);
+        Ok(stat.meta.unwrap_or_default())
+    }
+
+    /// The file's user attributes as they stand; none for directories and links.
+    fn xattrs_of(&self, ino: u64, op: &str) -> FsResult<Xattrs> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if inode.kind != Kind::File {
+            return Ok(Xattrs::new());
+        }
+        Ok(self.meta_now(ino, op)?.xattrs.unwrap_or_default())
+    }
+
+    /// `getxattr` of a stored attribute.
+    pub(super) fn do_getxattr(&self, ino: u64, name: &str) -> FsResult<Vec<u8>> {
+        if !name.starts_with("user.") {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        self.xattrs_of(ino, "getxattr")?
+            .remove(name)
+            .ok_or(Errno::ENODATA)
+    }
+
+    /// `listxattr`: the names, each ended by a NUL.
+    pub(super) fn do_listxattr(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let mut out = Vec::new();
+        for name in self.xattrs_of(ino, "listxattr")?.keys() {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// `setxattr`, honouring `XATTR_CREATE` and `XATTR_REPLACE`.
+    pub(super) fn do_setxattr(
+        &self,
+        ino: u64,
+        name: &str,
+        value: &[u8],
+        flags: i32,
+    ) -> FsResult<()> {
+        stored_name(name)?;
+        self.writable_xattrs(ino)?;
+        let mut attrs = self.xattrs_of(ino, "setxattr")?;
+        let exists = attrs.contains_key(name);
+        if flags & XATTR_CREATE != 0 && exists {
+            return Err(Errno::EEXIST);
+        }
+        if flags & XATTR_REPLACE != 0 && !exists {
+            return Err(Errno::ENODATA);
+        }
+        attrs.insert(name.to_string(), value.to_vec());
+        self.store_xattrs(ino, attrs, value.len())
+    }
+
+    /// `removexattr`.
+    pub(super) fn do_removexattr(&self, ino: u64, name: &str) -> FsResult<()> {
+        stored_name(name)?;
+        self.writable_xattrs(ino)?;
+        let mut attrs = self.xattrs_of(ino, "removexattr")?;
+        if attrs.remove(name).is_none() {
+            return Err(Errno::ENODATA);
+        }
+        self.store_xattrs(ino, attrs, 0)
+    }
+
+    /// Files take user attributes; directories and links do not (`ENOTSUP`).
+    fn writable_xattrs(&self, ino: u64) -> FsResult<()> {
+        if self.cfg.read_only {
+            return Err(Errno::EROFS);
+        }
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        if inode.kind != Kind::File {
+            warn!(key = %inode.key(), "extended attributes are stored with files only, not on directories or links");
+            return Err(Errno::EOPNOTSUPP);
+        }
+        Ok(())
+    }
+
+    /// The file's attributes become `attrs`, if S3 can hold them with the rest.
+    fn store_xattrs(&self, ino: u64, attrs: Xattrs, value_len: usize) -> FsResult<()> {
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let current = self.meta_now(ino, "setxattr")?;
+        let change = FileMeta {
+            xattrs: Some(attrs),
+            ..Default::default()
+        };
+        let len = current.merged(&change).stored_len();
+        if len > MAX_USER_METADATA {
+            warn!(key = %inode.key(), bytes = len, limit = MAX_USER_METADATA, "extended attributes do not fit in S3's user metadata of the object; remove some first");
+            return Err(if value_len > MAX_USER_METADATA {
+                Errno::E2BIG
+            } else {
+                Errno::ENOSPC
+            });
+        }
+        self.do_setattr(
+            ino,
+            SetAttr {
+                xattrs: change.xattrs,
+                ..Default::default()
+            },
+        )
+        .map(|_| ())
+    }
+}
