@@ -146,14 +146,19 @@ impl<S: ObjectStore> Writeback<S> {
         t.pending.contains_key(&ino) || t.running.contains(&ino)
     }
 
-    /// What `stat` shows of `ino` whose known state is `stat`: the pending changes over it,
-    /// if they were made on this version.
-    pub fn overlay(&self, ino: u64, stat: &Stat) -> Option<Stat> {
+    /// What `stat` shows of `inode` whose known state is `stat`: the pending changes over it,
+    /// if they were made on this version — also when they were made through another inode of
+    /// the same key (the name was a directory for a moment, another client's key under it).
+    pub fn overlay(&self, inode: &Inode, stat: &Stat) -> Option<Stat> {
         if self.count.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let t = self.lock();
-        let p = t.pending.get(&ino)?;
+        let p = t.pending.get(&inode.ino).or_else(|| {
+            t.pending
+                .values()
+                .find(|p| p.inode.kind == inode.kind && p.inode.key() == inode.key())
+        })?;
         (p.base.etag == stat.etag).then(|| Stat {
             meta: Some(stat.meta.clone().unwrap_or_default().merged(&p.change)),
             ..stat.clone()

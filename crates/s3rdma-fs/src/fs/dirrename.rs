@@ -46,7 +46,11 @@ impl<S: ObjectStore> S3Fs<S> {
         if dst_prefix == src.key() {
             return Ok(());
         }
-        self.rename_dir_target(np, new_name, &dst_prefix, flags)?;
+        if dst_prefix.starts_with(src.key()) {
+            // Into itself (the kernel refuses it before asking).
+            return Err(Errno::EINVAL);
+        }
+        let replaced = self.rename_dir_target(np, new_name, &dst_prefix, flags)?;
         self.rename_dir_settle(src)?;
         let keys = self.keys_under(src.key())?;
         if keys.is_empty() && !self.is_local_dir(src.ino) {
@@ -57,6 +61,9 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(neg) = &self.ns.negative {
             neg.invalidate_all();
         }
+        if let Some(d) = replaced {
+            self.forget_dir(&d);
+        }
         self.inodes
             .rename_tree(src.ino, np.ino, new_name, dst_prefix.clone());
         self.delete_all(keys);
@@ -64,17 +71,17 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(())
     }
 
-    /// What the new name holds may be replaced: nothing, or an empty directory.
+    /// What the new name holds may be replaced: nothing, or an empty directory (returned).
     fn rename_dir_target(
         &self,
         np: &Inode,
         new_name: &str,
         dst_prefix: &str,
         flags: RenameFlags,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<Arc<Inode>>> {
         let dst = match self.resolve(np.ino, std::ffi::OsStr::new(new_name)) {
             Ok((inode, _)) => inode,
-            Err(Errno::ENOENT) => return Ok(()),
+            Err(Errno::ENOENT) => return Ok(None),
             Err(e) => return Err(e),
         };
         if flags.contains(RenameFlags::RENAME_NOREPLACE) {
@@ -94,7 +101,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != dst_prefix) {
             return Err(Errno::ENOTEMPTY);
         }
-        Ok(())
+        Ok(Some(dst))
     }
 
     /// Nothing below `src` may be half-written: files being written or staged there make the

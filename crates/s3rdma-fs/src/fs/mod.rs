@@ -348,7 +348,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
         // Attributes set here and not written back yet show at once.
-        let overlaid = self.attrs.overlay(inode.ino, stat);
+        let overlaid = self.attrs.overlay(inode, stat);
         let stat = overlaid.as_ref().unwrap_or(stat);
         let (kind, perm, nlink) = match inode.kind {
             Kind::File => (FileType::RegularFile, self.cfg.file_mode, 1),

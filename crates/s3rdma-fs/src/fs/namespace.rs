@@ -203,7 +203,7 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(())
     }
 
-    fn forget_dir(&self, child: &Inode) {
+    pub(super) fn forget_dir(&self, child: &Inode) {
         self.ns.known.forget(child.ino);
         self.ns
             .local_dirs

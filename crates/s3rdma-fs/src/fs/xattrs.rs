@@ -55,7 +55,7 @@ impl<S: ObjectStore> S3Fs<S> {
             Some(s) => s,
             None => Stat::from(&self.known_version(&inode, op)?),
         };
-        let stat = self.attrs.overlay(ino, &stat).unwrap_or(stat);
+        let stat = self.attrs.overlay(&inode, &stat).unwrap_or(stat);
         Ok(stat.meta.unwrap_or_default())
     }
 

@@ -641,9 +641,12 @@ impl<S: ObjectStore> Upload<S> {
                     (Condition::IfNoneMatch, S3ErrorKind::PreconditionFailed) => {
                         WriteError::Exists(e)
                     }
-                    (Condition::IfMatch(_), S3ErrorKind::PreconditionFailed) => {
-                        WriteError::Changed(e)
-                    }
+                    // Replaced (412), or deleted (S3 answers a conditional PUT of a missing
+                    // key with 404).
+                    (
+                        Condition::IfMatch(_),
+                        S3ErrorKind::PreconditionFailed | S3ErrorKind::NotFound,
+                    ) => WriteError::Changed(e),
                     _ => WriteError::S3(e),
                 };
                 Err(self.fail(e).await)

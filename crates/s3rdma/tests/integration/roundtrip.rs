@@ -168,7 +168,7 @@ fn os_rename_of_a_checkpoint_directory() {
 
 // [S-ATTR-XATTR]
 #[test]
-fn rsync_aX_round_trip_of_user_xattrs() {
+fn rsync_with_xattrs_round_trip() {
     let b = bucket("rt-xattr");
     let src = work_dir().join(format!("rt-xattr-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&src);

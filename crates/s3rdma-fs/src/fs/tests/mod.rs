@@ -25,6 +25,13 @@ use crate::upload::Uploader;
 
 pub(super) type Store = Faulty<MemStore>;
 
+/// The types the kernel was told, by inode number (numbers are never reused).
+#[derive(Default)]
+struct KernelView {
+    types: std::sync::Mutex<std::collections::HashMap<u64, FileType>>,
+    contradictions: std::sync::Mutex<Vec<String>>,
+}
+
 /// Cache and part blocks: S3's smallest part, so a file of more than 5 MiB is a multipart
 /// upload, as on a real mount with the smallest `--write-part-size`.
 pub(super) const BLOCK: usize = 5 << 20;
@@ -34,6 +41,8 @@ pub(super) struct Fx {
     pub store: Store,
     pub fs: S3Fs<Store>,
     cfg: FsConfig,
+    /// What the kernel was told: the type of every inode handed out (see [`Fx::told`]).
+    kernel: KernelView,
     /// The staging directory (a writable mount stages files, as a real one does).
     _staging: Option<tempfile::TempDir>,
     // Dropped last: the filesystem's tasks run on it (only held here).
@@ -103,6 +112,7 @@ impl Fx {
             store,
             fs,
             cfg,
+            kernel: KernelView::default(),
             _staging: staging,
             _rt: rt,
         }
@@ -139,8 +149,38 @@ impl Fx {
                 return Err(Errno::ENOTDIR);
             }
             attr = self.fs.do_lookup(attr.ino.0, OsStr::new(name))?;
+            self.told(&attr, "lookup");
         }
         Ok(attr)
+    }
+
+    /// The kernel keeps the type of an inode for its life: record what an answer told it, and
+    /// note any answer that contradicts an earlier one. [S-NS-TYPE]
+    pub fn told(&self, attr: &FileAttr, by: &str) {
+        let mut seen = self.kernel.types.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.insert(attr.ino.0, attr.kind) {
+            Some(was) if was != attr.kind => {
+                let what = format!(
+                    "{by} told inode {} is {:?}, earlier {was:?}",
+                    attr.ino.0, attr.kind
+                );
+                self.kernel
+                    .contradictions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(what);
+            }
+            _ => {}
+        }
+    }
+
+    /// Answers that contradicted the type the kernel was told earlier.
+    pub fn contradictions(&self) -> Vec<String> {
+        self.kernel
+            .contradictions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The parent directory's inode and the last name of `path`.
@@ -155,7 +195,9 @@ impl Fx {
 
     pub fn stat(&self, path: &str) -> Result<FileAttr, Errno> {
         let a = self.resolve(path)?;
-        self.fs.do_getattr(a.ino.0)
+        let a = self.fs.do_getattr(a.ino.0)?;
+        self.told(&a, "getattr");
+        Ok(a)
     }
 
     fn pid() -> u32 {
@@ -227,18 +269,23 @@ impl Fx {
 
     /// The names `readdir` gives (without `.` and `..`), sorted.
     pub fn ls(&self, path: &str) -> Result<Vec<String>, Errno> {
+        Ok(self.ls_typed(path)?.into_iter().map(|(n, _)| n).collect())
+    }
+
+    /// The entries READDIRPLUS hands out (without `.` and `..`) with their types, sorted by
+    /// name; recorded as told to the kernel.
+    pub fn ls_typed(&self, path: &str) -> Result<Vec<(String, FileType)>, Errno> {
         let a = self.resolve(path)?;
         let fh = self.fs.do_opendir(a.ino.0)?;
         let entries = self.fs.dir_entries(a.ino.0, fh, 0);
         self.fs.do_releasedir(fh);
-        let mut names: Vec<String> = entries?
-            .entries
-            .iter()
-            .map(|e| e.name.clone())
-            .filter(|n| n != "." && n != "..")
-            .collect();
-        names.sort();
-        Ok(names)
+        let mut out = Vec::new();
+        for e in entries?.entries.iter().filter(|e| e.inode.is_some()) {
+            self.told(&e.attr, "readdirplus");
+            out.push((e.name.clone(), e.attr.kind));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 
     /// `mkdir`: like the kernel, a name that looks up is EEXIST before the filesystem is asked.
@@ -247,9 +294,9 @@ impl Fx {
         if self.fs.do_lookup(parent, OsStr::new(name)).is_ok() {
             return Err(Errno::EEXIST);
         }
-        self.fs
-            .do_mkdir(parent, OsStr::new(name), 0o755)
-            .map(|_| ())
+        let a = self.fs.do_mkdir(parent, OsStr::new(name), 0o755)?;
+        self.told(&a, "mkdir");
+        Ok(())
     }
 
     pub fn rmdir(&self, path: &str) -> Result<(), Errno> {
@@ -280,13 +327,14 @@ impl Fx {
             },
             Err(e) if e == Errno::ENOENT => {
                 let (parent, name) = self.parent_of(path)?;
-                let (_, fh, _) = self.fs.do_create(
+                let (a, fh, _) = self.fs.do_create(
                     parent,
                     OsStr::new(name),
                     (Self::pid(), 1000, 1000),
                     0o644,
                     OpenFlags(flags | libc::O_CREAT),
                 )?;
+                self.told(&a, "create");
                 Ok(fh)
             }
             Err(e) => Err(e),
@@ -316,14 +364,14 @@ impl Fx {
         if self.fs.do_lookup(parent, OsStr::new(name)).is_ok() {
             return Err(Errno::EEXIST);
         }
-        self.fs
-            .do_symlink(
-                parent,
-                OsStr::new(name),
-                std::path::Path::new(target),
-                (1000, 1000),
-            )
-            .map(|_| ())
+        let a = self.fs.do_symlink(
+            parent,
+            OsStr::new(name),
+            std::path::Path::new(target),
+            (1000, 1000),
+        )?;
+        self.told(&a, "symlink");
+        Ok(())
     }
 
     pub fn readlink(&self, path: &str) -> Result<Vec<u8>, Errno> {

@@ -1,4 +1,5 @@
-//! Reference-model tests: generated sequences of local operations (write, read, unlink, rename,
+//! Reference-model tests: generated sequences of local operations (write, read, unlink, rename
+//! of files and directories,
 //! mkdir, rmdir, chmod, utimes, truncate to any size, edits in place and appends (staged files),
 //! symbolic links, read handles kept open, a file kept open for writing with fsync and written
 //! on after it), another client's PUTs and DELETEs (including keys no Linux path can name and
@@ -7,7 +8,9 @@
 //! run on `S3Fs` over the in-memory store with every TTL at 0. After every step the model —
 //! the bucket's keys as SEMANTICS.md says each operation leaves them, plus the directories made
 //! in this mount — is compared with the bucket and with what the filesystem shows (listings,
-//! stat, bytes). A failure shrinks to a minimal sequence.
+//! stat, bytes), and with what the kernel was told: each listed entry has its type (links on a
+//! fresh mount too), and no answer contradicts a type handed out earlier [S-NS-TYPE]. A
+//! failure shrinks to a minimal sequence.
 //!
 //! `S3RDMA_MODEL_CASES=N` runs N sequences (CI: the default 48, fixed seed);
 //! `S3RDMA_MODEL_SEED=S` picks another seed for a soak.
@@ -31,6 +34,8 @@ const KEYS: &[&str] = &[
 ];
 /// File sizes: empty, tiny, a few pages, and one byte over S3's smallest part (multipart).
 const SIZES: &[usize] = &[0, 1, 100, 70_000, (5 << 20) + 1];
+/// Paths that are often directories (sources of `RenameDir`).
+const DIRS: &[&str] = &["d", "x", "d/e"];
 /// Symbolic link targets.
 const TARGETS: &[&str] = &["a", "../x/y", "d/e"];
 /// The stored mode of a symbolic link (s3fs's format).
@@ -54,6 +59,11 @@ enum Step {
         path: usize,
     },
     Rename {
+        from: usize,
+        to: usize,
+    },
+    /// A rename whose source is one of the directories (`DIRS`), to any path.
+    RenameDir {
         from: usize,
         to: usize,
     },
@@ -156,6 +166,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => p.clone().prop_map(|path| Step::Read { path }),
         2 => p.clone().prop_map(|path| Step::Unlink { path }),
         2 => (p.clone(), p.clone()).prop_map(|(from, to)| Step::Rename { from, to }),
+        2 => (0..DIRS.len(), p.clone()).prop_map(|(from, to)| Step::RenameDir { from, to }),
         2 => p.clone().prop_map(|path| Step::Mkdir { path }),
         2 => p.clone().prop_map(|path| Step::Rmdir { path }),
         1 => (p.clone(), prop_oneof![Just(0o600u32), Just(0o640), Just(0o755)]).prop_map(|(path, mode)| Step::Chmod { path, mode }),
@@ -219,9 +230,11 @@ struct Writer {
 }
 
 /// The promised state: the bucket's keys, and the directories made in this mount that no key
-/// backs (gone at remount: no `--dir-markers`).
+/// backs (gone at remount with `--no-dir-markers`; with markers, `mkdir` stores `dir/`).
 #[derive(Default, Debug)]
 struct Model {
+    /// `mkdir` stores a marker (the default; `--no-dir-markers` when false).
+    markers: bool,
     objects: BTreeMap<String, Obj>,
     local_dirs: BTreeSet<String>,
     reads: Vec<OpenRead>,
@@ -261,6 +274,30 @@ impl Model {
         if let Some(o) = self.objects.get_mut(key) {
             f(o);
             o.version = version;
+        }
+    }
+
+    /// Directory `a` renamed to `b`: its keys and the directories made under it move.
+    fn rename_dir(&mut self, a: &str, b: &str) {
+        let from = format!("{a}/");
+        let moved: Vec<String> = self
+            .objects
+            .keys()
+            .filter(|k| k.starts_with(&from))
+            .cloned()
+            .collect();
+        for k in moved {
+            let o = self.objects.remove(&k).expect("key");
+            let to = format!("{b}/{}", &k[from.len()..]);
+            self.store(&to, o.data, o.mode);
+            self.touch(&to, |n| n.mtime = o.mtime);
+        }
+        let dirs: Vec<String> = self.local_dirs.iter().cloned().collect();
+        for d in dirs {
+            if d == a || d.starts_with(&from) {
+                self.local_dirs.remove(&d);
+                self.local_dirs.insert(format!("{b}{}", &d[a.len()..]));
+            }
         }
     }
 
@@ -409,6 +446,11 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             Step::Rename { from, to } if m.near_writer(PATHS[from]) || m.near_writer(PATHS[to]) => {
                 return Ok(())
             }
+            Step::RenameDir { from, to }
+                if m.near_writer(DIRS[from]) || m.near_writer(PATHS[to]) =>
+            {
+                return Ok(())
+            }
             Step::Write { path, .. }
             | Step::WriteInOutage { path, .. }
             | Step::Mkdir { path }
@@ -492,35 +534,8 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                 check(got.is_err(), || format!("unlink missing {p} succeeded"))?;
             }
         }
-        Step::Rename { from, to } => {
-            let (a, b) = (PATHS[from], PATHS[to]);
-            let got = f.rename(a, b);
-            let movable = m.file(a).is_some()
-                && !m.is_dir(b)
-                && m.is_dir(parent(b))
-                && !b.starts_with(&format!("{a}/"));
-            if a == b && m.file(a).is_some() {
-                check(got.is_ok(), || format!("rename {a} onto itself: {got:?}"))?;
-            } else if movable {
-                check(got.is_ok(), || format!("rename {a} -> {b}: {got:?}"))?;
-                let o = m.objects.remove(a).expect("file");
-                m.store(b, o.data, o.mode);
-                m.touch(b, |n| n.mtime = o.mtime);
-            } else if m.is_dir(a)
-                && a != b
-                && m.is_dir(parent(b))
-                && m.file(b).is_none()
-                && !m.is_dir(b)
-            {
-                check(got == Err(Errno::EXDEV), || {
-                    format!("rename dir {a} -> {b}: {got:?}")
-                })?;
-            } else {
-                check(got.is_err() || a == b, || {
-                    format!("rename {a} -> {b} succeeded; model: not movable")
-                })?;
-            }
-        }
+        Step::Rename { from, to } => rename_step(f, m, PATHS[from], PATHS[to])?,
+        Step::RenameDir { from, to } => rename_step(f, m, DIRS[from], PATHS[to])?,
         Step::Mkdir { path } => {
             let p = PATHS[path];
             let got = f.mkdir(p);
@@ -535,6 +550,9 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             } else {
                 check(got.is_ok(), || format!("mkdir {p}: {got:?}"))?;
                 m.local_dirs.insert(p.to_string());
+                if m.markers {
+                    m.store(&format!("{p}/"), Vec::new(), None);
+                }
             }
         }
         Step::Rmdir { path } => {
@@ -801,6 +819,38 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
 
 /// A `setattr` of `p` ([S-NS-SETATTR]): a file takes the change (a copy onto itself: a new
 /// version); a directory's attributes live in the mount (not checked); a missing name fails.
+/// `rename(a, b)` of anything, checked against the model.
+fn rename_step(f: &Fx, m: &mut Model, a: &str, b: &str) -> Result<(), TestCaseError> {
+    let got = f.rename(a, b);
+    let movable = m.file(a).is_some()
+        && !m.is_dir(b)
+        && m.is_dir(parent(b))
+        && !b.starts_with(&format!("{a}/"));
+    if a == b && m.file(a).is_some() {
+        check(got.is_ok(), || format!("rename {a} onto itself: {got:?}"))?;
+    } else if movable {
+        check(got.is_ok(), || format!("rename {a} -> {b}: {got:?}"))?;
+        let o = m.objects.remove(a).expect("file");
+        m.store(b, o.data, o.mode);
+        m.touch(b, |n| n.mtime = o.mtime);
+    } else if m.is_dir(a)
+        && a != b
+        && m.is_dir(parent(b))
+        && m.file(b).is_none()
+        && !b.starts_with(&format!("{a}/"))
+        && !(m.is_dir(b) && m.has_children(b))
+    {
+        // [S-NS-DIR-RENAME]: every key under it moves, its marker too.
+        check(got.is_ok(), || format!("rename dir {a} -> {b}: {got:?}"))?;
+        m.rename_dir(a, b);
+    } else {
+        check(got.is_err() || a == b, || {
+            format!("rename {a} -> {b} succeeded; model: not movable")
+        })?;
+    }
+    Ok(())
+}
+
 fn setattr_step(
     f: &Fx,
     m: &mut Model,
@@ -924,7 +974,24 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
             .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
             .collect();
         want.sort();
-        let got = fx.ls(d);
+        // [S-NS-TYPE]: each entry listed with its type, links included, whatever came first.
+        let want: Vec<(String, FileType)> = want
+            .into_iter()
+            .map(|n| {
+                let p = if d.is_empty() {
+                    n.clone()
+                } else {
+                    format!("{d}/{n}")
+                };
+                let kind = match files.get(&p) {
+                    _ if dirs.contains(&p) => FileType::Directory,
+                    Some(o) if is_link(o) => FileType::Symlink,
+                    _ => FileType::RegularFile,
+                };
+                (n, kind)
+            })
+            .collect();
+        let got = fx.ls_typed(d);
         check(got.as_ref() == Ok(&want), || {
             format!("ls {d:?}: {got:?}, model {want:?}")
         })?;
@@ -986,6 +1053,10 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
             },
         )?;
     }
+    let told = fx.contradictions();
+    check(told.is_empty(), || {
+        format!("the kernel was told two types: {told:?}")
+    })?;
     for p in PATHS {
         if !dirs.contains(*p) && !files.contains_key(*p) && !writing.iter().any(|w| w == p) {
             let got = fx.stat(p);
@@ -998,9 +1069,14 @@ fn compare(fx: &Fx, m: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn run(steps: &[Step]) -> Result<(), TestCaseError> {
-    let mut fx = Some(Fx::new());
-    let mut m = Model::default();
+fn run(steps: &[Step], markers: bool) -> Result<(), TestCaseError> {
+    let mut cfg = super::strict_config();
+    cfg.dir_markers = markers;
+    let mut fx = Some(Fx::with_config(cfg));
+    let mut m = Model {
+        markers,
+        ..Model::default()
+    };
     for (i, step) in steps.iter().enumerate() {
         apply(&mut fx, &mut m, step)
             .and_then(|()| compare(fx.as_ref().expect("a mount"), &m))
@@ -1016,7 +1092,7 @@ fn env_u64(name: &str) -> Option<u64> {
 // [S-NS-IMPLICIT] [S-NS-MARKER] [S-NS-HIDDEN] [S-NS-CLASH] [S-NS-MKDIR] [S-NS-UNLINK]
 // [S-NS-RENAME] [S-NS-SETATTR] [S-WRITE-OVERWRITE] [S-WRITE-ALL-OR-NOTHING] [S-NS-TTL]
 // [S-READ-PINNED] [S-WRITE-EXCL] [S-WRITE-FSYNC] [S-WRITE-SHELL] [S-WRITE-WHILE-WRITING]
-// [S-STAGE-EDIT] [S-NS-SYMLINK]
+// [S-STAGE-EDIT] [S-NS-SYMLINK] [S-NS-TYPE] [S-NS-DIR-RENAME]
 #[test]
 fn operation_sequences_match_the_reference_model() {
     let cases = env_u64("S3RDMA_MODEL_CASES").unwrap_or(48) as u32;
@@ -1033,8 +1109,9 @@ fn operation_sequences_match_the_reference_model() {
         config,
         TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
     );
+    // Every sequence with and without directory markers.
     let result = runner.run(&proptest::collection::vec(step(), 1..24), |steps| {
-        run(&steps)
+        run(&steps, true).and_then(|()| run(&steps, false))
     });
     if let Err(e) = result {
         panic!("{e}");
