@@ -163,7 +163,7 @@ impl<S: ObjectStore> S3Fs<S> {
             move |(k, dst)| {
                 let s3 = s3.clone();
                 async move {
-                    let r = s3.copy_object_as_is(&k, &dst, threshold).await;
+                    let r = move_key(&s3, &k, &dst, threshold).await;
                     (dst, r)
                 }
             },
@@ -202,8 +202,26 @@ impl<S: ObjectStore> S3Fs<S> {
         }
     }
 
-    /// Delete `keys`; how many failed (each logged).
+    /// Delete `keys`; how many failed (each logged). Markers go last, the deepest first: a
+    /// server that keeps directories of its own (SeaweedFS) removes a marker's directory only
+    /// once nothing is left in it, and would otherwise list the old name on as an empty
+    /// directory.
     fn delete_keys(&self, keys: Vec<String>) -> usize {
+        let (mut markers, files): (Vec<String>, Vec<String>) =
+            keys.into_iter().partition(|k| k.ends_with('/'));
+        markers.sort_by_key(|k| std::cmp::Reverse(k.matches('/').count()));
+        let mut failed = self.delete_batch(files);
+        while let Some(first) = markers.first() {
+            let depth = first.matches('/').count();
+            let split = markers.partition_point(|k| k.matches('/').count() == depth);
+            let rest = markers.split_off(split);
+            failed += self.delete_batch(std::mem::replace(&mut markers, rest));
+        }
+        failed
+    }
+
+    /// Delete `keys` at once ([`COPIES_AT_ONCE`] in flight); how many failed (each logged).
+    fn delete_batch(&self, keys: Vec<String>) -> usize {
         let s3 = self.s3.clone();
         let results = self
             .rt
@@ -222,5 +240,23 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         failed
+    }
+}
+
+/// Store the key `k` under `dst`: a server-side copy keeping its attributes. A directory
+/// marker (`dir/`, no bytes) that the server cannot copy (SeaweedFS answers 404: its markers
+/// are directories of its own) is stored anew, empty.
+async fn move_key<S: ObjectStore>(
+    s3: &S,
+    k: &ObjectInfo,
+    dst: &str,
+    threshold: u64,
+) -> Result<String, S3Error> {
+    match s3.copy_object_as_is(k, dst, threshold).await {
+        Err(e) if e.kind == S3ErrorKind::NotFound && k.key.ends_with('/') && k.size == 0 => {
+            s3.put_object(dst, s3rdma_client::PutSource::Plain(&[]))
+                .await
+        }
+        r => r,
     }
 }

@@ -233,9 +233,13 @@ impl<S: ObjectStore> S3Fs<S> {
             debug!(key = %child.key(), "removed while staged");
             return Ok(());
         }
-        if self.writing(child.ino).is_some() {
-            warn!(key = %child.key(), "cannot remove a file while it is being written in this mount; close it first");
-            return Err(Errno::EBUSY);
+        // Removed while being written (tar's placeholder for a link, a temporary file): the name
+        // goes now, and what its open handles write is stored nowhere. One already being
+        // stored is waited for, then deleted as any stored file.
+        if self.writing(child.ino).is_some()
+            && self.while_writing(child.ino, &mut |up| up.discard())?
+        {
+            self.lock_writing().remove(&child.ino);
         }
         // Attribute changes not written back yet go with the object.
         let pending = self.attrs.take(child.ino);

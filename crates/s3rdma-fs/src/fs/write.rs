@@ -406,6 +406,8 @@ impl<S: ObjectStore> S3Fs<S> {
             return Ok(());
         };
         match &*file {
+            // Unlinked while open: nothing to make durable (the close stores nothing either).
+            OpenFile::Write(_, w) if self.rt.block_on(w.upload.lock()).is_discarded() => Ok(()),
             OpenFile::Write(ino, w) => self.commit(*ino, w),
             OpenFile::Staged(ino, s, _) => self.commit_staged(*ino, s),
             OpenFile::Read(ino, _) | OpenFile::Disk(ino, _) => self.store_attrs(*ino),
@@ -443,7 +445,12 @@ impl<S: ObjectStore> S3Fs<S> {
                 Err(_) => inode.invalidate(),
             }
         }
-        result.map(|_| ()).map_err(|e: WriteError| errno(e.errno()))
+        match result {
+            Ok(_) => Ok(()),
+            // Unlinked while open: storing nothing was the point.
+            Err(WriteError::Unlinked) => Ok(()),
+            Err(e) => Err(errno(e.errno())),
+        }
     }
 
     /// Apply `f` to the upload of the file being written as `ino`, if a handle of this mount

@@ -117,6 +117,7 @@ impl<S: ObjectStore> Uploader<S> {
             tasks: Vec::new(),
             done: Vec::new(),
             state: State::Open,
+            discarded: false,
         }
     }
 
@@ -207,6 +208,8 @@ pub enum WriteError {
     Shutdown(String),
     /// The handle went on as a staged file (it was written out of order or truncated).
     Staged,
+    /// The file was unlinked while open: nothing was stored, as asked.
+    Unlinked,
 }
 
 impl WriteError {
@@ -227,6 +230,7 @@ impl WriteError {
             WriteError::Memory(_) => libc::ENOMEM,
             WriteError::Shutdown(_) => libc::EIO,
             WriteError::Staged => libc::EBADF,
+            WriteError::Unlinked => libc::ENOENT,
         }
     }
 }
@@ -243,6 +247,7 @@ impl std::fmt::Display for WriteError {
             WriteError::Memory(e) => write!(f, "no memory for a write buffer: {e}"),
             WriteError::Shutdown(why) => write!(f, "{why}; the upload was aborted and nothing was stored (close files before unmounting, or allow more time with --shutdown-grace)"),
             WriteError::Staged => write!(f, "the file went on as a staged file"),
+            WriteError::Unlinked => write!(f, "the file was removed while open; nothing was stored"),
         }
     }
 }
@@ -275,6 +280,8 @@ pub struct Upload<S: ObjectStore> {
     tasks: Vec<JoinHandle<PartResult>>,
     done: Vec<(i32, String)>,
     state: State,
+    /// Unlinked while open: its commit stores nothing (see [`Upload::discard`]).
+    discarded: bool,
 }
 
 impl<S: ObjectStore> Upload<S> {
@@ -311,6 +318,18 @@ impl<S: ObjectStore> Upload<S> {
     /// Attributes set while the file is written (chmod, chown, utimes on it).
     pub fn set_meta(&mut self, m: &FileMeta) {
         self.meta = self.meta.merged(m);
+    }
+
+    /// The file was unlinked while open: writes go on being taken, and its commit stores
+    /// nothing (a multipart upload already begun is aborted) and fails with
+    /// [`WriteError::Unlinked`], which the file system answers as a success.
+    pub fn discard(&mut self) {
+        self.discarded = true;
+    }
+
+    /// Whether the file was unlinked while open.
+    pub fn is_discarded(&self) -> bool {
+        self.discarded
     }
 
     /// Store the file under `key` instead (a rename while it is written). Nothing is stored
@@ -530,6 +549,16 @@ impl<S: ObjectStore> Upload<S> {
             State::Open => {}
             State::Committed(info) => return Ok(info.clone()),
             State::Failed(e) => return Err(e.clone()),
+        }
+        if self.discarded {
+            let _ = self.drain().await;
+            self.chunk = None;
+            if let Some(id) = self.upload_id.take() {
+                abort(&self.up, &self.key, &id).await;
+            }
+            debug!(key = %self.key, size = self.size, "unlinked while open: nothing stored");
+            self.state = State::Failed(WriteError::Unlinked);
+            return Err(WriteError::Unlinked);
         }
         let stored = match self.upload_id.clone() {
             None if self.target.is_some() => {

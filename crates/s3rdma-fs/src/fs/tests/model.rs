@@ -227,6 +227,8 @@ struct Writer {
     committed: Option<bool>,
     /// Written on after `fsync`: a staged file now (shared, not busy for others).
     staged: bool,
+    /// Unlinked while open: its name is gone, and nothing it writes is stored.
+    unlinked: bool,
 }
 
 /// The promised state: the bucket's keys, and the directories made in this mount that no key
@@ -303,7 +305,9 @@ impl Model {
 
     /// The file being written: open for writing and not committed by `fsync`.
     fn writing(&self) -> Option<&Writer> {
-        self.writer.as_ref().filter(|w| w.committed.is_none())
+        self.writer
+            .as_ref()
+            .filter(|w| w.committed.is_none() && !w.unlinked)
     }
 
     /// Whether `path` is the file being written, or lies under it, or holds it.
@@ -422,21 +426,33 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
     let f = fx.as_ref().expect("a mount");
     // While a file is open for writing, what [S-WRITE-WHILE-WRITING] fixes is checked, and
     // steps whose outcome it leaves open (renaming or changing it, keys under it) are skipped.
+    if m.writer.as_ref().is_some_and(|w| w.unlinked) && matches!(step, Step::OpenWrite { .. }) {
+        close_writer(f, m)?;
+    }
     if m.writer.is_some() && matches!(step, Step::OpenWrite { .. }) {
         return Ok(());
     }
     if let Some(w) = m.writing() {
         let wp = w.path.clone();
         match *step {
-            Step::Write { path, .. }
-            | Step::OpenRead { path }
-            | Step::Read { path }
-            | Step::Unlink { path }
+            // [S-NS-UNLINK]: removed while being written, its name goes (and an older version
+            // it was replacing); what it writes is stored nowhere.
+            Step::Unlink { path } if PATHS[path] == wp && !w.staged => {
+                let got = f.unlink(PATHS[path]);
+                check(got.is_ok(), || {
+                    format!("unlink of {wp} being written: {got:?}")
+                })?;
+                m.objects.remove(&wp);
+                if let Some(w) = m.writer.as_mut() {
+                    w.unlinked = true;
+                }
+                return Ok(());
+            }
+            Step::Write { path, .. } | Step::OpenRead { path } | Step::Read { path }
                 if PATHS[path] == wp && !w.staged =>
             {
                 let got = match *step {
                     Step::Write { .. } => f.write(PATHS[path], b"x"),
-                    Step::Unlink { .. } => f.unlink(PATHS[path]),
                     _ => f.open_read(PATHS[path]).map(|fh| f.fs.do_release(fh)),
                 };
                 return check(got == Err(Errno::EBUSY), || {
@@ -754,6 +770,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
                     mode: base.and_then(|o| o.mode).or(Some(0o644)),
                     committed: None,
                     staged: false,
+                    unlinked: false,
                 });
             }
         }
@@ -880,6 +897,13 @@ fn close_writer(f: &Fx, m: &mut Model) -> Result<(), TestCaseError> {
         return Ok(());
     };
     let got = f.close(w.fh);
+    if w.unlinked {
+        check(got.is_ok(), || {
+            format!("close of unlinked {}: {got:?}", w.path)
+        })?;
+        m.writer = None;
+        return Ok(());
+    }
     match w.committed {
         // [S-WRITE-FSYNC]: the object keeps what fsync stored; the close stores nothing more.
         Some(true) => check(got.is_ok(), || {
