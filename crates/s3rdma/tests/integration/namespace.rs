@@ -194,14 +194,20 @@ fn names_up_to_255_bytes_work_and_longer_ones_are_refused() {
     assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG));
 }
 
-// [S-NS-READDIRPLUS]
+/// The body of the objects `ls -l` lists: larger than any link target, so not a link.
+static PAGE: [u8; 4096] = [b'x'; 4096];
+
+// [S-NS-READDIRPLUS] [S-NS-TYPE]
 #[test]
 fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     let b = bucket("tenk");
     let keys: Vec<String> = (0..10_000)
         .map(|i| format!("big/file-{i:05}.bin"))
         .collect();
-    put_many(&b, keys, b"0123456789");
+    put_many(&b, keys, &PAGE);
+    // Objects of a link target's size: each asked about once, before the listing is answered.
+    let small: Vec<String> = (0..1000).map(|i| format!("small/f-{i:04}")).collect();
+    put_many(&b, small, b"0123456789");
     let m = Mount::new(&b, &["--metadata-ttl", "60s"]);
     let start = Instant::now();
     let out = Command::new("ls")
@@ -215,7 +221,7 @@ fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     let files: Vec<&str> = text.lines().filter(|l| l.starts_with('-')).collect();
     assert_eq!(files.len(), 10_000);
     assert!(
-        files.iter().all(|l| l.contains(" 10 ")),
+        files.iter().all(|l| l.contains(" 4096 ")),
         "sizes come from the listing"
     );
     let lists = m.count_requests("ListObjectsV2");
@@ -224,6 +230,18 @@ fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     // 10 pages of 1000, plus the start-up check and the lookup of "big" itself (one LIST).
     assert!(lists <= 12, "{lists} ListObjectsV2 calls");
     assert_eq!(heads, 0, "{heads} HeadObject calls");
+    let start = Instant::now();
+    let out = Command::new("ls")
+        .arg("-l")
+        .arg(m.join("small"))
+        .output()
+        .unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().filter(|l| l.starts_with('-')).count(), 1000);
+    let heads = m.count_requests("HeadObject");
+    eprintln!("ls -l of 1,000 objects of 10 bytes: {secs:.2} s, {heads} HeadObject");
+    assert_eq!(heads, 1000, "one HeadObject per object that may be a link");
 }
 
 // [S-NS-LOOKUP-ONE]
@@ -476,41 +494,63 @@ fn statfs_reports_sane_values() {
     assert!(df.status.success());
 }
 
-// [S-NS-XATTR]
+// [S-ATTR-XATTR]
 #[test]
-fn xattrs_are_not_supported() {
+fn user_xattrs_through_the_system_calls() {
     let b = bucket("xattr");
     put(&b, "f", b"x".to_vec());
     let m = Mount::new(&b, &[]);
     let path = std::ffi::CString::new(m.join("f").to_string_lossy().as_bytes()).unwrap();
+    let errno = || std::io::Error::last_os_error().raw_os_error();
     let name = c"user.test";
     let mut buf = [0u8; 64];
-    // SAFETY: valid C strings and buffer.
-    let r = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    assert_eq!(r, -1);
-    assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EOPNOTSUPP)
-    );
+    // SAFETY (every call below): valid C strings, and buffers of the length given.
+    let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert_eq!((r, errno()), (-1, Some(libc::ENODATA)));
     // SAFETY: as above.
     let r = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!(r, -1);
-    assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EOPNOTSUPP)
-    );
+    assert_eq!(r, 0);
     // SAFETY: as above.
-    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), buf.as_ptr().cast(), 1, 0) };
-    assert_eq!(r, -1);
+    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), c"v1".as_ptr().cast(), 2, 0) };
+    assert_eq!(r, 0, "{:?}", errno());
+    // SAFETY: as above.
+    let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert_eq!((r, &buf[..2]), (2, &b"v1"[..]));
+    // SAFETY: as above.
+    let r = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..r as usize], b"user.test\0");
+    // Stored in s3fs's layout once written back (fsync writes it back at once).
+    std::fs::File::open(m.join("f"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let meta = rt().block_on(async {
+        client()
+            .head_object()
+            .bucket(&b)
+            .key("f")
+            .send()
+            .await
+            .expect("HEAD")
+    });
     assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EOPNOTSUPP)
+        meta.metadata()
+            .and_then(|m| m.get("xattr"))
+            .map(String::as_str),
+        Some("%7B%22user.test%22%3A%22djE%3D%22%7D")
     );
+    let trusted = c"trusted.x";
+    // SAFETY: as above.
+    let r = unsafe { libc::setxattr(path.as_ptr(), trusted.as_ptr(), buf.as_ptr().cast(), 1, 0) };
+    assert_eq!(r, -1);
+    assert!(matches!(
+        errno(),
+        Some(libc::EOPNOTSUPP) | Some(libc::EPERM)
+    ));
+    // SAFETY: as above.
+    let r = unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) };
+    assert_eq!(r, 0);
+    // SAFETY: as above.
+    let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
+    assert_eq!((r, errno()), (-1, Some(libc::ENODATA)));
 }
