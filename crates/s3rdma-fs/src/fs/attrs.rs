@@ -55,7 +55,7 @@ impl Pending {
 }
 
 enum Start {
-    Run(Pending),
+    Run(Box<Pending>),
     Nothing,
     Busy,
 }
@@ -252,7 +252,7 @@ impl<S: ObjectStore> Writeback<S> {
         };
         self.count.store(t.pending.len(), Ordering::Relaxed);
         t.running.insert(ino);
-        Start::Run(p)
+        Start::Run(Box::new(p))
     }
 
     /// The copy onto itself, conditional on the base version.

@@ -542,6 +542,18 @@ impl<S: ObjectStore> Upload<S> {
         e
     }
 
+    /// The commit of a file unlinked while open: nothing stored, a multipart upload aborted.
+    async fn drop_unlinked(&mut self) -> WriteError {
+        let _ = self.drain().await;
+        self.chunk = None;
+        if let Some(id) = self.upload_id.take() {
+            abort(&self.up, &self.key, &id).await;
+        }
+        debug!(key = %self.key, size = self.size, "unlinked while open: nothing stored");
+        self.state = State::Failed(WriteError::Unlinked);
+        WriteError::Unlinked
+    }
+
     /// Store the file: the last part and CompleteMultipartUpload, or one PutObject. Returns
     /// what was stored; committing again returns the same (or the same error).
     pub async fn commit(&mut self) -> Result<ObjectInfo, WriteError> {
@@ -551,14 +563,7 @@ impl<S: ObjectStore> Upload<S> {
             State::Failed(e) => return Err(e.clone()),
         }
         if self.discarded {
-            let _ = self.drain().await;
-            self.chunk = None;
-            if let Some(id) = self.upload_id.take() {
-                abort(&self.up, &self.key, &id).await;
-            }
-            debug!(key = %self.key, size = self.size, "unlinked while open: nothing stored");
-            self.state = State::Failed(WriteError::Unlinked);
-            return Err(WriteError::Unlinked);
+            return Err(self.drop_unlinked().await);
         }
         let stored = match self.upload_id.clone() {
             None if self.target.is_some() => {

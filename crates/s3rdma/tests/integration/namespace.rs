@@ -504,7 +504,7 @@ fn user_xattrs_through_the_system_calls() {
     let errno = || std::io::Error::last_os_error().raw_os_error();
     let name = c"user.test";
     let mut buf = [0u8; 64];
-    // SAFETY (every call below): valid C strings, and buffers of the length given.
+    // SAFETY: valid C strings, and a buffer of the length given (so every call below).
     let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) };
     assert_eq!((r, errno()), (-1, Some(libc::ENODATA)));
     // SAFETY: as above.
