@@ -4,7 +4,7 @@
 
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     BsdFileFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
@@ -16,9 +16,10 @@ use s3rdma_client::ObjectStore;
 use tracing::{debug, debug_span, info, warn};
 
 use super::inode::ROOT_INO;
+use super::kinds::TELL_AHEAD;
 use super::namespace::SetAttr;
 use super::report::FuseOp;
-use super::{names, Opened, S3Fs, BLOCK_SIZE, STATS_XATTR};
+use super::{names, Opened, S3Fs, Told, BLOCK_SIZE, STATS_XATTR};
 
 impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -408,16 +409,23 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Readdir);
         let _s = debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
-        let entries = match self.dir_entries(ino.0, fh.0, offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
-        };
-        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(e.attr.ino, i as u64 + 1, e.attr.kind, &e.name) {
-                break;
+        let listed = self.with_dir_entries(ino.0, fh.0, offset, TELL_AHEAD, |out| {
+            for (i, e) in out.entries.iter().enumerate().skip(offset as usize) {
+                let attr = match &e.told {
+                    Told::Ready(attr, _) => attr,
+                    Told::Gone => continue,
+                    // Told when the kernel asks from here.
+                    Told::Unknown => break,
+                };
+                if reply.add(attr.ino, i as u64 + 1, attr.kind, &e.name) {
+                    break;
+                }
             }
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -430,32 +438,33 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Readdirplus);
         let _s = debug_span!("fuse", op = "readdirplus", ino = ino.0, offset).entered();
-        let entries = match self.dir_entries(ino.0, fh.0, offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
-        };
-        let ttl = entries.ttl;
-        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
-            // The kernel counts each entry but `.` and `..` (until FORGET): counted before the
-            // reply goes, and taken back for the one that did not fit.
-            if let Some(inode) = &e.inode {
-                self.handed(inode);
-            }
-            if reply.add(
-                e.attr.ino,
-                i as u64 + 1,
-                &e.name,
-                &ttl,
-                &e.attr,
-                Generation(0),
-            ) {
-                if let Some(inode) = &e.inode {
-                    self.do_forget(inode.ino, 1);
+        let listed = self.with_dir_entries(ino.0, fh.0, offset, TELL_AHEAD, |out| {
+            let now = Instant::now();
+            for (i, e) in out.entries.iter().enumerate().skip(offset as usize) {
+                let (attr, inode) = match &e.told {
+                    Told::Ready(attr, inode) => (attr, inode),
+                    Told::Gone => continue,
+                    // Told when the kernel asks from here.
+                    Told::Unknown => break,
+                };
+                let ttl = self.ns.listings.remaining(e.at, now);
+                // The kernel counts each entry but `.` and `..` (until FORGET): counted before
+                // the reply goes, and taken back for the one that did not fit.
+                if let Some(inode) = inode {
+                    self.handed(inode);
                 }
-                break;
+                if reply.add(attr.ino, i as u64 + 1, &e.name, &ttl, attr, Generation(0)) {
+                    if let Some(inode) = inode {
+                        self.do_forget(inode.ino, 1);
+                    }
+                    break;
+                }
             }
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn releasedir(

@@ -6,22 +6,27 @@
 //! `d_type` steers `find` and `os.walk`), and an inode cannot change type afterwards: so no
 //! entry is handed out before its type is known. An object that cannot be a link (empty, or
 //! longer than the longest link target) is a file; so is one whose stored attributes this
-//! mount already knows for this version. Any other (1 to 4,095 bytes, attributes not known)
-//! is asked for with HeadObject before the listing is answered, all of a directory's at once
-//! ([`HEADS_AT_ONCE`] in flight): its answer also gives the stored mode, owner and mtime, so
-//! `ls -l` and rsync's quick check see them on a fresh mount too.
+//! mount already knows for this version, and every object with `--no-file-metadata`. Any
+//! other (1 to 4,095 bytes, attributes not known) is asked about with HeadObject just before
+//! the kernel reads that far into the directory: the next [`TELL_AHEAD`] entries' at once
+//! ([`HEADS_AT_ONCE`] in flight), so the questions go while the reader takes the entries
+//! before them, and each answer is fresh for the metadata TTL when it is handed out. The
+//! answer also gives the stored mode, owner and mtime, so `ls -l` and rsync's quick check see
+//! them on a fresh mount too.
 
-use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use tracing::debug;
-
-use super::dir::Listed;
 use super::inode::{Inode, Stat};
-use super::{names, parallel, FsResult, S3Fs};
-use s3rdma_client::{ObjectInfo, ObjectStore, S3Error, S3ErrorKind};
+use super::{names, parallel, DirOut, FsResult, S3Fs, Told};
+use s3rdma_client::{ObjectStore, S3ErrorKind};
 
-/// HeadObject requests one listing keeps in flight.
+/// HeadObject requests one directory keeps in flight.
 pub const HEADS_AT_ONCE: usize = 32;
+
+/// Entries whose type is told at once, from where the kernel reads (a READDIRPLUS reply holds
+/// about 25 of a 4 KiB page).
+pub const TELL_AHEAD: usize = 256;
 
 /// Linux's longest symbolic link target: a larger object is never a link.
 pub const MAX_LINK_TARGET: u64 = 4095;
@@ -31,72 +36,54 @@ pub fn may_be_link(size: u64) -> bool {
     (1..=MAX_LINK_TARGET).contains(&size)
 }
 
-/// What HeadObject told of the listed names whose type was not known.
-#[derive(Default)]
-pub(super) struct Learnt {
-    pub found: HashMap<String, ObjectInfo>,
-    /// Listed, but gone by the time they were asked about: not entries.
-    pub gone: Vec<String>,
-}
-
 impl<S: ObjectStore> S3Fs<S> {
-    /// The listing's files whose type is not known yet, asked for all at once.
-    pub(super) fn learn_kinds(
+    /// Tell the types of the entries of `dir` from `from` to `from + ahead` not known yet: one
+    /// HeadObject each, all at once. An object deleted meanwhile is no entry.
+    pub(super) fn tell_kinds(
         &self,
         dir: &Inode,
-        entries: &[(String, Listed)],
-    ) -> FsResult<Learnt> {
-        if !self.cfg.file_metadata {
-            return Ok(Learnt::default());
-        }
-        let unknown: Vec<String> = entries
-            .iter()
-            .filter_map(|(name, listed)| match listed {
-                Listed::File(info) if may_be_link(info.size) => {
-                    let child = self.inodes.child(dir.ino, name);
-                    let stat = Stat {
-                        size: info.size,
-                        mtime: info.last_modified,
-                        etag: info.etag.to_string(),
-                        meta: None,
-                    }
-                    .inherit(child.and_then(|c| c.last_stat()).as_ref());
-                    stat.meta
-                        .is_none()
-                        .then(|| names::child_key(dir.key(), name))
-                }
-                _ => None,
-            })
+        out: &mut DirOut,
+        from: usize,
+        ahead: usize,
+    ) -> FsResult<()> {
+        let end = from.saturating_add(ahead).min(out.entries.len());
+        let todo: Vec<(usize, String)> = (from.min(end)..end)
+            .filter(|&i| matches!(out.entries[i].told, Told::Unknown))
+            .map(|i| (i, names::child_key(dir.key(), &out.entries[i].name)))
             .collect();
-        if unknown.is_empty() {
-            return Ok(Learnt::default());
+        if todo.is_empty() {
+            return Ok(());
         }
-        debug!(dir = %dir.key(), count = unknown.len(), "asking the type of listed objects");
         self.counters
             .listing_heads
-            .fetch_add(unknown.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(todo.len() as u64, Ordering::Relaxed);
         let s3 = self.s3.clone();
-        let answers: Vec<(String, Result<ObjectInfo, S3Error>)> =
-            self.rt
-                .block_on(parallel::map_bounded(unknown, HEADS_AT_ONCE, move |key| {
-                    let s3 = s3.clone();
-                    async move {
-                        let r = s3.head(&key).await;
-                        (key, r)
-                    }
-                }));
-        let mut learnt = Learnt::default();
-        for (key, answer) in answers {
-            let name = key[dir.key().len()..].to_string();
+        let answers = self.rt.block_on(parallel::map_bounded(
+            todo,
+            HEADS_AT_ONCE,
+            move |(i, key)| {
+                let s3 = s3.clone();
+                async move {
+                    let r = s3.head(&key).await;
+                    (i, r, Instant::now())
+                }
+            },
+        ));
+        for (i, answer, at) in answers {
+            let e = &mut out.entries[i];
             match answer {
                 Ok(info) => {
-                    learnt.found.insert(name, info);
+                    let stat = Stat::from(&info);
+                    let child = self.asked_file(dir, &e.name, &stat, at);
+                    let stat = self.local_stat(child.ino).unwrap_or(stat);
+                    e.told = Told::Ready(self.attr(&child, &stat), Some(child));
+                    e.at = at;
                 }
-                Err(e) if e.kind == S3ErrorKind::NotFound => learnt.gone.push(name),
-                Err(e) => return Err(self.fail("readdir", &e)),
+                Err(err) if err.kind == S3ErrorKind::NotFound => e.told = Told::Gone,
+                Err(err) => return Err(self.fail("readdir", &err)),
             }
         }
-        Ok(learnt)
+        Ok(())
     }
 }
 

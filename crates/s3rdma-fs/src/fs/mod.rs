@@ -131,22 +131,42 @@ enum Opened {
 }
 
 struct OpenDir {
-    entries: Mutex<Option<Arc<DirOut>>>,
+    entries: Mutex<Option<DirOut>>,
 }
 
-/// What `readdir` hands out for one open directory: its entries, and how long the kernel may
-/// trust them (what is left of the listing's TTL).
+/// What `readdir` hands out for one open directory: its entries, in the listing's order.
 #[derive(Default)]
 struct DirOut {
     entries: Vec<DirEntryOut>,
-    ttl: Duration,
 }
 
 struct DirEntryOut {
     name: String,
-    attr: FileAttr,
-    /// The entry's inode, which the kernel counts (not `.` and `..`).
-    inode: Option<Arc<Inode>>,
+    /// When what it tells was learnt (the listing, or the HeadObject that told its type): the
+    /// kernel trusts it for what is left of the metadata TTL from then.
+    at: Instant,
+    told: Told,
+}
+
+/// What an entry tells the kernel.
+enum Told {
+    /// Its attributes, and its inode (which the kernel counts; none for `.` and `..`).
+    Ready(FileAttr, Option<Arc<Inode>>),
+    /// Not handed out yet: an object that may be a symbolic link, asked about just before the
+    /// kernel reads this far (see `kinds`).
+    Unknown,
+    /// Listed, but gone by the time it was asked about: no entry.
+    Gone,
+}
+
+impl DirEntryOut {
+    fn ready(name: String, at: Instant, attr: FileAttr, inode: Option<Arc<Inode>>) -> Self {
+        DirEntryOut {
+            name,
+            at,
+            told: Told::Ready(attr, inode),
+        }
+    }
 }
 
 /// The filesystem: what the kernel's requests are answered from. Each part is one concern.
@@ -824,24 +844,23 @@ impl<S: ObjectStore> S3Fs<S> {
                 .expect("the root inode always exists")
         });
         let dir_stat = self.dir_stat();
-        out.push(DirEntryOut {
-            name: ".".into(),
-            attr: self.attr(inode, &dir_stat),
-            inode: None,
-        });
-        out.push(DirEntryOut {
-            name: "..".into(),
-            attr: self.attr(&parent, &dir_stat),
-            inode: None,
-        });
+        let at = listing.at;
+        out.push(DirEntryOut::ready(
+            ".".into(),
+            at,
+            self.attr(inode, &dir_stat),
+            None,
+        ));
+        out.push(DirEntryOut::ready(
+            "..".into(),
+            at,
+            self.attr(&parent, &dir_stat),
+            None,
+        ));
         // Directories this mount keeps whatever S3 says (made here, or holding one or a file
         // being written).
         let kept = self.local_dirs_in(inode.ino);
-        let learnt = self.learn_kinds(inode, &listing.entries)?;
         for (name, listed) in &listing.entries {
-            if learnt.gone.contains(name) {
-                continue;
-            }
             let (child, stat) = match listed {
                 Listed::Dir => {
                     let prefix = names::dir_prefix_of(&names::child_key(inode.key(), name));
@@ -857,32 +876,37 @@ impl<S: ObjectStore> S3Fs<S> {
                         self.log_hidden(&key, "a directory of the same name exists");
                         continue;
                     }
-                    match learnt.found.get(name) {
-                        Some(head) => self.asked_file(inode, name, head, until, now),
-                        None => {
-                            let (child, stat) = self.listed_file(inode, name, info);
+                    match self.listed_file(inode, name, info) {
+                        Some((child, stat)) => {
                             let stat = self.listed_stat(&child, stat, cached, until, now);
                             (child, stat)
+                        }
+                        None => {
+                            out.push(DirEntryOut {
+                                name: name.clone(),
+                                at,
+                                told: Told::Unknown,
+                            });
+                            continue;
                         }
                     }
                 }
             };
             let stat = self.local_stat(child.ino).unwrap_or(stat);
-            out.push(DirEntryOut {
-                attr: self.attr(&child, &stat),
-                name: name.clone(),
-                inode: Some(child),
-            });
+            let attr = self.attr(&child, &stat);
+            out.push(DirEntryOut::ready(name.clone(), at, attr, Some(child)));
         }
         // Directories made here and files being written exist in this mount before S3 has
         // them.
         for child in kept {
             if !out.iter().any(|e| e.name == child.name()) {
-                out.push(DirEntryOut {
-                    attr: self.attr(&child, &dir_stat),
-                    name: child.name().to_string(),
-                    inode: Some(child),
-                });
+                let attr = self.attr(&child, &dir_stat);
+                out.push(DirEntryOut::ready(
+                    child.name().to_string(),
+                    at,
+                    attr,
+                    Some(child),
+                ));
             }
         }
         for (ino, stat) in self.local_files_in(inode.ino) {
@@ -890,40 +914,36 @@ impl<S: ObjectStore> S3Fs<S> {
                 continue;
             };
             if !out.iter().any(|e| e.name == child.name()) {
-                out.push(DirEntryOut {
-                    attr: self.attr(&child, &stat),
-                    name: child.name().to_string(),
-                    inode: Some(child),
-                });
+                let attr = self.attr(&child, &stat);
+                out.push(DirEntryOut::ready(
+                    child.name().to_string(),
+                    at,
+                    attr,
+                    Some(child),
+                ));
             }
         }
-        Ok(DirOut {
-            entries: out,
-            ttl: self.ns.listings.remaining(listing.at, Instant::now()),
-        })
+        Ok(DirOut { entries: out })
     }
 
-    /// A listed file whose type and attributes HeadObject just told (see `kinds`).
-    fn asked_file(
-        &self,
-        dir: &Inode,
-        name: &str,
-        head: &s3rdma_client::ObjectInfo,
-        until: Instant,
-        now: Instant,
-    ) -> (Arc<Inode>, Stat) {
-        let stat = Stat::from(head);
+    /// A listed file whose type and attributes HeadObject told at `at` (see `kinds`).
+    fn asked_file(&self, dir: &Inode, name: &str, stat: &Stat, at: Instant) -> Arc<Inode> {
         let kind = Kind::of_object(stat.meta.as_ref());
         let key = names::child_key(dir.key(), name);
         let child = self.inodes.upsert_child(dir.ino, name, kind, key);
-        child.set_stat_asked(stat.clone(), until, now);
-        (child, stat)
+        child.set_stat_asked(stat.clone(), self.ttl_from(at), at);
+        child
     }
 
     /// A listed file as the listing tells it, with the stored attributes this mount knows of
-    /// this version: its type is theirs, and a file where none are known (the listing asked
-    /// for every object that may be a link: see `kinds`).
-    fn listed_file(&self, dir: &Inode, name: &str, info: &dir::ListedFile) -> (Arc<Inode>, Stat) {
+    /// this version: its type is theirs, and a file where none are known and the object cannot
+    /// be a link. None: its type is not known yet (see `kinds`).
+    fn listed_file(
+        &self,
+        dir: &Inode,
+        name: &str,
+        info: &dir::ListedFile,
+    ) -> Option<(Arc<Inode>, Stat)> {
         let known = self.inodes.child(dir.ino, name);
         let stat = Stat {
             size: info.size,
@@ -932,9 +952,12 @@ impl<S: ObjectStore> S3Fs<S> {
             meta: None,
         }
         .inherit(known.and_then(|c| c.last_stat()).as_ref());
+        if stat.meta.is_none() && self.cfg.file_metadata && kinds::may_be_link(info.size) {
+            return None;
+        }
         let kind = Kind::of_object(stat.meta.as_ref());
         let key = names::child_key(dir.key(), name);
-        (self.inodes.upsert_child(dir.ino, name, kind, key), stat)
+        Some((self.inodes.upsert_child(dir.ino, name, kind, key), stat))
     }
 
     /// The stat a listed entry gets: a reused listing never overrides what was learnt after
@@ -982,14 +1005,25 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(entries)
     }
 
-    fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Arc<DirOut>> {
+    /// `f` of the entries of open directory `fh` (listed at offset 0), the types of those from
+    /// `offset` to `offset + ahead` told (see `kinds`).
+    fn with_dir_entries<R>(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        ahead: usize,
+        f: impl FnOnce(&DirOut) -> R,
+    ) -> FsResult<R> {
         let dir = self.lock_dirs().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let mut cached = dir.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if offset == 0 || cached.is_none() {
-            let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
-            *cached = Some(Arc::new(self.list_dir(&inode)?));
+            *cached = Some(self.list_dir(&inode)?);
         }
-        Ok(cached.clone().unwrap_or_default())
+        let out = cached.get_or_insert_with(DirOut::default);
+        self.tell_kinds(&inode, out, offset as usize, ahead)?;
+        Ok(f(out))
     }
 
     /// Write back the attribute changes of `ino` waiting to be (before its bytes change, at

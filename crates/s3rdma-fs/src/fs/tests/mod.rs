@@ -275,17 +275,55 @@ impl Fx {
     /// The entries READDIRPLUS hands out (without `.` and `..`) with their types, sorted by
     /// name; recorded as told to the kernel.
     pub fn ls_typed(&self, path: &str) -> Result<Vec<(String, FileType)>, Errno> {
-        let a = self.resolve(path)?;
-        let fh = self.fs.do_opendir(a.ino.0)?;
-        let entries = self.fs.dir_entries(a.ino.0, fh, 0);
-        self.fs.do_releasedir(fh);
         let mut out = Vec::new();
-        for e in entries?.entries.iter().filter(|e| e.inode.is_some()) {
-            self.told(&e.attr, "readdirplus");
-            out.push((e.name.clone(), e.attr.kind));
+        for (name, attr, counted) in self.readdirplus(path)? {
+            if counted {
+                self.told(&attr, "readdirplus");
+                out.push((name, attr.kind));
+            }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// Every entry READDIRPLUS hands out, read through as the kernel does (a few at a time, from
+    /// the offset after the last): name, attributes, and whether the kernel counts it (not `.`
+    /// and `..`).
+    pub fn readdirplus(&self, path: &str) -> Result<Vec<(String, FileAttr, bool)>, Errno> {
+        let a = self.resolve(path)?;
+        let fh = self.fs.do_opendir(a.ino.0)?;
+        let mut out: Vec<(String, FileAttr, bool)> = Vec::new();
+        let mut offset = 0u64;
+        let result = loop {
+            let page =
+                self.fs
+                    .with_dir_entries(a.ino.0, fh, offset, super::kinds::TELL_AHEAD, |d| {
+                        let mut page = Vec::new();
+                        for (i, e) in d.entries.iter().enumerate().skip(offset as usize).take(25) {
+                            match &e.told {
+                                super::Told::Ready(attr, inode) => page.push((
+                                    i as u64 + 1,
+                                    e.name.clone(),
+                                    *attr,
+                                    inode.is_some(),
+                                )),
+                                super::Told::Gone => continue,
+                                super::Told::Unknown => break,
+                            }
+                        }
+                        page
+                    });
+            match page {
+                Ok(p) if p.is_empty() => break Ok(()),
+                Ok(p) => {
+                    offset = p.last().map_or(offset, |l| l.0);
+                    out.extend(p.into_iter().map(|(_, n, a, c)| (n, a, c)));
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.fs.do_releasedir(fh);
+        result.map(|()| out)
     }
 
     /// `mkdir`: like the kernel, a name that looks up is EEXIST before the filesystem is asked.

@@ -22,18 +22,7 @@ fn defaults() -> FsConfig {
 
 /// The entries of `path` as a READDIRPLUS hands them out: (name, type), sorted.
 fn listed(fx: &Fx, path: &str) -> Vec<(String, FileType)> {
-    let a = fx.resolve(path).expect("directory");
-    let fh = fx.fs.do_opendir(a.ino.0).expect("opendir");
-    let out = fx.fs.dir_entries(a.ino.0, fh, 0).expect("readdir");
-    fx.fs.do_releasedir(fh);
-    let mut v: Vec<(String, FileType)> = out
-        .entries
-        .iter()
-        .filter(|e| e.name != "." && e.name != "..")
-        .map(|e| (e.name.clone(), e.attr.kind))
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
+    fx.ls_typed(path).expect("readdir")
 }
 
 // [S-NS-TYPE]
@@ -68,17 +57,14 @@ fn a_link_met_first_by_a_listing_is_a_link() {
     assert_eq!(fx.mem().requests(Op::Head) - before, 3);
     // What the listing said stands: the lookups after it agree, at no request.
     let heads = fx.mem().requests(Op::Head);
-    let listed_ino = {
-        let a = fx.resolve("a/b").unwrap();
-        let fh = fx.fs.do_opendir(a.ino.0).unwrap();
-        let out = fx.fs.dir_entries(a.ino.0, fh, 0).unwrap();
-        out.entries
-            .iter()
-            .find(|e| e.name == "link3")
-            .unwrap()
-            .attr
-            .ino
-    };
+    let listed_ino = fx
+        .readdirplus("a/b")
+        .unwrap()
+        .into_iter()
+        .find(|(n, _, _)| n == "link3")
+        .unwrap()
+        .1
+        .ino;
     let looked = fx.stat("a/b/link3").unwrap();
     assert_eq!((looked.ino, looked.kind), (listed_ino, FileType::Symlink));
     assert_eq!(fx.readlink("a/b/link3").unwrap(), b"../f3.bin");
@@ -370,4 +356,25 @@ fn empty_directories_persist_by_default_and_rmdir_removes_the_marker() {
     assert!(!fx.exists("repo/.git/branches/"));
     let fx = fx.remount();
     assert!(fx.ls("repo/.git").unwrap().is_empty());
+}
+
+// [S-NS-TYPE]
+#[test]
+fn types_are_asked_for_just_ahead_of_the_reader() {
+    let fx = Fx::with_config(defaults());
+    for i in 0..600 {
+        fx.mem().put_external(&format!("d/f{i:03}"), b"tiny");
+    }
+    let d = fx.resolve("d").unwrap().ino.0;
+    let fh = fx.fs.do_opendir(d).unwrap();
+    let ahead = crate::fs::kinds::TELL_AHEAD;
+    // The first page: the entries up to TELL_AHEAD are asked about, no more.
+    let first = fx.fs.with_dir_entries(d, fh, 0, ahead, |_| ()).map(|_| ());
+    assert_eq!(first, Ok(()));
+    assert_eq!(fx.mem().requests(Op::Head), ahead as u64 - 2);
+    // Reading on asks about the rest as the reader gets there.
+    let all = fx.readdirplus("d").unwrap();
+    assert_eq!(all.len(), 602);
+    fx.fs.do_releasedir(fh);
+    assert!(fx.mem().requests(Op::Head) >= 600);
 }
