@@ -259,7 +259,7 @@ pub struct Cli {
 
     /// A directory rename moves at most this many keys (copied on the server, then the
     /// sources deleted); a larger directory's rename fails with EXDEV, so that mv copies and
-    /// deletes it file by file [default: 10000]
+    /// deletes it file by file (0: every directory rename does) [default: 10000]
     #[arg(long, value_name = "N", help_heading = "Writing")]
     pub max_dir_rename_keys: Option<usize>,
 
@@ -742,6 +742,14 @@ impl Settings {
         let (write_part_size, write_buffer_size) =
             write_sizes(cli.write_part_size, cli.write_buffer_size)?;
         let upload_concurrency = in_range("upload concurrency", cli.upload_concurrency, 8, 1, 256)?;
+        // 0: every directory rename fails with EXDEV (mv copies).
+        let max_dir_rename_keys = in_range(
+            "max dir rename keys",
+            cli.max_dir_rename_keys,
+            10_000,
+            0,
+            10_000_000,
+        )?;
         let memory = ram();
         if cache_size.saturating_add(write_buffer_size) > memory {
             return Err(format!(
@@ -782,7 +790,7 @@ impl Settings {
                 read_only: cli.read_only,
                 file_metadata: !cli.no_file_metadata,
                 dir_markers: !cli.no_dir_markers,
-                max_dir_rename_keys: cli.max_dir_rename_keys.unwrap_or(10_000),
+                max_dir_rename_keys,
                 multipart_copy_threshold,
                 open_trusts_metadata: cli.open_trusts_metadata,
             },
@@ -1050,6 +1058,8 @@ mod tests {
             ),
             ("upload_concurrency", "0", "upload concurrency"),
             ("upload_concurrency", "257", "upload concurrency"),
+            ("max_dir_rename_keys", "10000001", "max dir rename keys"),
+            ("max_dir_rename_keys", "many", "max dir rename keys"),
             ("log_level", "s3rdma=loud", "log level"),
             ("cache_dir", "", "cache dir"),
             ("cache_dir_size", "1MiB", "cache dir size"),
