@@ -216,6 +216,8 @@ struct NsState {
     exact_probes: AtomicBool,
     /// When pinned inodes were last tried again.
     forget_retried: Mutex<Instant>,
+    /// Held across an extended attribute change: each rewrites the file's whole set.
+    xattr_change: Mutex<()>,
 }
 
 /// The open handles of a mount, by handle number.
@@ -297,6 +299,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 dir_attrs: Mutex::new(HashMap::new()),
                 exact_probes: AtomicBool::new(false),
                 forget_retried: Mutex::new(Instant::now()),
+                xattr_change: Mutex::new(()),
             },
             handles: Handles {
                 files: Arc::new(Mutex::new(HashMap::new())),

@@ -98,6 +98,7 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<()> {
         stored_name(name)?;
         self.writable_xattrs(ino)?;
+        let _one = self.lock_xattr_change();
         let mut attrs = self.xattrs_of(ino, "setxattr")?;
         let exists = attrs.contains_key(name);
         if flags & XATTR_CREATE != 0 && exists {
@@ -114,11 +115,20 @@ impl<S: ObjectStore> S3Fs<S> {
     pub(super) fn do_removexattr(&self, ino: u64, name: &str) -> FsResult<()> {
         stored_name(name)?;
         self.writable_xattrs(ino)?;
+        let _one = self.lock_xattr_change();
         let mut attrs = self.xattrs_of(ino, "removexattr")?;
         if attrs.remove(name).is_none() {
             return Err(Errno::ENODATA);
         }
         self.store_xattrs(ino, attrs, 0)
+    }
+
+    /// One change at a time: two changes of one file would each rewrite the whole set.
+    fn lock_xattr_change(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.ns
+            .xattr_change
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Files take user attributes; directories and links do not (`ENOTSUP`).

@@ -378,3 +378,32 @@ fn types_are_asked_for_just_ahead_of_the_reader() {
     fx.fs.do_releasedir(fh);
     assert!(fx.mem().requests(Op::Head) >= 600);
 }
+
+// [S-NS-DIR-RENAME]
+#[test]
+fn a_large_file_in_a_renamed_directory_is_a_multipart_copy_keeping_its_attributes() {
+    let mut cfg = defaults();
+    cfg.multipart_copy_threshold = 1 << 20;
+    let fx = Fx::with_config(cfg);
+    fx.mkdir("d").unwrap();
+    fx.write("d/big", &super::pattern(2 << 20, 3)).unwrap();
+    fx.setattr(
+        "d/big",
+        crate::fs::namespace::SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ino = fx.stat("d/big").unwrap().ino.0;
+    fx.fs.do_setxattr(ino, "user.k", b"v", 0).unwrap();
+    let multipart = fx.mem().requests(Op::CreateMultipart);
+    fx.rename("d", "e").unwrap();
+    // The pending mode and xattr are written back first (one copy), then the rename's copy.
+    assert_eq!(fx.mem().requests(Op::CreateMultipart), multipart + 2);
+    let fx = fx.remount();
+    assert_eq!(fx.read("e/big").unwrap(), super::pattern(2 << 20, 3));
+    assert_eq!(fx.stat("e/big").unwrap().perm, 0o600);
+    let ino = fx.stat("e/big").unwrap().ino.0;
+    assert_eq!(fx.fs.do_getxattr(ino, "user.k").unwrap(), b"v");
+}
