@@ -1025,7 +1025,21 @@ impl<S: ObjectStore> S3Fs<S> {
             *cached = Some(self.list_dir(&inode)?);
         }
         let out = cached.get_or_insert_with(DirOut::default);
-        self.tell_kinds(&inode, out, offset as usize, ahead)?;
+        // Told until the first entry to hand out is known: a reply that stopped before any
+        // entry would end the directory for the kernel.
+        let mut from = offset as usize;
+        loop {
+            self.tell_kinds(&inode, out, from, ahead)?;
+            let next = out
+                .entries
+                .iter()
+                .skip(from)
+                .position(|e| !matches!(e.told, Told::Gone));
+            match next {
+                Some(n) if matches!(out.entries[from + n].told, Told::Unknown) => from += n,
+                _ => break,
+            }
+        }
         Ok(f(out))
     }
 

@@ -407,3 +407,36 @@ fn a_large_file_in_a_renamed_directory_is_a_multipart_copy_keeping_its_attribute
     let ino = fx.stat("e/big").unwrap().ino.0;
     assert_eq!(fx.fs.do_getxattr(ino, "user.k").unwrap(), b"v");
 }
+
+// [S-NS-TYPE]
+#[test]
+fn a_page_of_deleted_objects_does_not_end_the_listing() {
+    let fx = Fx::with_config(defaults());
+    // 301 objects that may be links; the 256 the first page asks about are gone by then.
+    for i in 0..301 {
+        fx.mem().put_external(&format!("d/f{i:03}"), b"tiny");
+    }
+    let d = fx.resolve("d").unwrap().ino.0;
+    let fh = fx.fs.do_opendir(d).unwrap();
+    fx.fs.with_dir_entries(d, fh, 0, 0, |_| ()).unwrap();
+    for i in 0..256 {
+        fx.mem().delete_external(&format!("d/f{i:03}"));
+    }
+    let names = fx
+        .fs
+        .with_dir_entries(d, fh, 2, crate::fs::kinds::TELL_AHEAD, |out| {
+            out.entries
+                .iter()
+                .skip(2)
+                .take_while(|e| !matches!(e.told, crate::fs::Told::Unknown))
+                .filter(|e| matches!(e.told, crate::fs::Told::Ready(..)))
+                .count()
+        })
+        .unwrap();
+    fx.fs.do_releasedir(fh);
+    assert!(
+        names > 0,
+        "the reply after a page of gone entries holds entries"
+    );
+    assert_eq!(fx.ls("d").unwrap().len(), 45);
+}
