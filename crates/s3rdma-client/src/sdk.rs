@@ -618,27 +618,8 @@ impl ObjectStore for S3Client {
         meta: &FileMeta,
         single_limit: u64,
     ) -> Result<String, S3Error> {
-        let source = format!("{}/{}", self.bucket, encode_key(&src.key));
         if src.size <= single_limit.min(5 << 30) {
-            let start = self.stats.request(S3Request::Copy, Transport::Http);
-            let res = self
-                .client
-                .copy_object()
-                .bucket(&self.bucket)
-                .key(dst)
-                .copy_source(&source)
-                .copy_source_if_match(&src.etag)
-                .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
-                .set_metadata(meta_map(meta))
-                .send()
-                .await;
-            log_outcome("CopyObject", dst, start, &res);
-            let out = res.map_err(|e| convert("CopyObject", dst, e))?;
-            return Ok(out
-                .copy_object_result()
-                .and_then(|r| r.e_tag())
-                .map(quoted_etag)
-                .unwrap_or_default());
+            return self.copy_single(src, dst, Some(meta)).await;
         }
         let id = self.create_multipart_with(dst, meta).await?;
         let part = COPY_PART_BYTES
@@ -678,37 +659,9 @@ impl ObjectStore for S3Client {
         single_limit: u64,
     ) -> Result<String, S3Error> {
         if src.size > single_limit.min(5 << 30) {
-            let now = self.head(&src.key).await?;
-            if now.etag != src.etag {
-                return Err(S3Error::new(
-                    S3ErrorKind::PreconditionFailed,
-                    "CopyObject",
-                    &src.key,
-                    "the source changed since it was listed",
-                ));
-            }
-            let meta = now.meta.clone().unwrap_or_default();
-            return self.copy_object(&now, dst, &meta, single_limit).await;
+            return crate::store::copy_with_stored_meta(self, src, dst, single_limit).await;
         }
-        let source = format!("{}/{}", self.bucket, encode_key(&src.key));
-        let start = self.stats.request(S3Request::Copy, Transport::Http);
-        let res = self
-            .client
-            .copy_object()
-            .bucket(&self.bucket)
-            .key(dst)
-            .copy_source(&source)
-            .copy_source_if_match(&src.etag)
-            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Copy)
-            .send()
-            .await;
-        log_outcome("CopyObject", dst, start, &res);
-        let out = res.map_err(|e| convert("CopyObject", dst, e))?;
-        Ok(out
-            .copy_object_result()
-            .and_then(|r| r.e_tag())
-            .map(quoted_etag)
-            .unwrap_or_default())
+        self.copy_single(src, dst, None).await
     }
 
     async fn upload_part_copy(
@@ -808,6 +761,42 @@ impl ObjectStore for S3Client {
 }
 
 impl S3Client {
+    /// One CopyObject of `src` (conditional on its ETag) to `dst`, carrying `meta` (replacing
+    /// the source's), or, with None, the source's own (the `COPY` directive). Returns the new
+    /// ETag.
+    async fn copy_single(
+        &self,
+        src: &ObjectInfo,
+        dst: &str,
+        meta: Option<&FileMeta>,
+    ) -> Result<String, S3Error> {
+        use aws_sdk_s3::types::MetadataDirective;
+        let source = format!("{}/{}", self.bucket, encode_key(&src.key));
+        let start = self.stats.request(S3Request::Copy, Transport::Http);
+        let directive = match meta {
+            Some(_) => MetadataDirective::Replace,
+            None => MetadataDirective::Copy,
+        };
+        let res = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(dst)
+            .copy_source(&source)
+            .copy_source_if_match(&src.etag)
+            .metadata_directive(directive)
+            .set_metadata(meta.and_then(meta_map))
+            .send()
+            .await;
+        log_outcome("CopyObject", dst, start, &res);
+        let out = res.map_err(|e| convert("CopyObject", dst, e))?;
+        Ok(out
+            .copy_object_result()
+            .and_then(|r| r.e_tag())
+            .map(quoted_etag)
+            .unwrap_or_default())
+    }
+
     /// The RDMA attempt of a PUT or UploadPart: `Some(output)` when the endpoint moved the
     /// bytes, `None` when it declined and the caller should send them over HTTP (`rdma=auto`),
     /// an error otherwise. Does nothing (`None`) for plain memory, `rdma=off` or no bytes.

@@ -130,19 +130,7 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         dst: &str,
         single_limit: u64,
     ) -> impl Future<Output = Result<String, S3Error>> + Send {
-        async move {
-            let now = self.head(&src.key).await?;
-            if now.etag != src.etag {
-                return Err(S3Error::new(
-                    S3ErrorKind::PreconditionFailed,
-                    "CopyObject",
-                    &src.key,
-                    "the source changed since it was listed",
-                ));
-            }
-            let meta = now.meta.clone().unwrap_or_default();
-            self.copy_object(&now, dst, &meta, single_limit).await
-        }
+        copy_with_stored_meta(self, src, dst, single_limit)
     }
 
     /// UploadPartCopy: part `part` of `upload_id` becomes bytes `range` (end exclusive) of
@@ -315,4 +303,25 @@ impl Condition {
             _ => None,
         }
     }
+}
+
+/// [`ObjectStore::copy_object`] of `src` with the attributes HeadObject gives for it, if it is
+/// still the version listed (else `PreconditionFailed`).
+pub async fn copy_with_stored_meta<S: ObjectStore>(
+    s3: &S,
+    src: &ObjectInfo,
+    dst: &str,
+    single_limit: u64,
+) -> Result<String, S3Error> {
+    let now = s3.head(&src.key).await?;
+    if now.etag != src.etag {
+        return Err(S3Error::new(
+            S3ErrorKind::PreconditionFailed,
+            "CopyObject",
+            &src.key,
+            "the source changed since it was listed",
+        ));
+    }
+    let meta = now.meta.clone().unwrap_or_default();
+    s3.copy_object(&now, dst, &meta, single_limit).await
 }

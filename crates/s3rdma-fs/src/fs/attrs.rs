@@ -63,8 +63,36 @@ enum Start {
 #[derive(Default)]
 struct Table {
     pending: HashMap<u64, Pending>,
+    /// The inode of each key with pending changes (a later inode of the same key finds them).
+    by_key: HashMap<Box<str>, u64>,
     /// Inodes whose write-back is running now.
     running: HashSet<u64>,
+}
+
+impl Table {
+    /// Whether `ino` had no pending changes before.
+    fn insert(&mut self, p: Pending) -> bool {
+        let ino = p.inode.ino;
+        self.by_key.insert(p.inode.key().into(), ino);
+        self.pending.insert(ino, p).is_none()
+    }
+
+    fn remove(&mut self, ino: u64) -> Option<Pending> {
+        let p = self.pending.remove(&ino)?;
+        if self.by_key.get(p.inode.key()) == Some(&ino) {
+            self.by_key.remove(p.inode.key());
+        }
+        Some(p)
+    }
+
+    /// The changes pending for `inode`: its own, or those made through another inode of the
+    /// same key and kind (the name was a directory for a moment, another client's key under it).
+    fn find(&self, inode: &Inode) -> Option<&Pending> {
+        self.pending.get(&inode.ino).or_else(|| {
+            let ino = self.by_key.get(inode.key())?;
+            self.pending.get(ino).filter(|p| p.inode.kind == inode.kind)
+        })
+    }
 }
 
 /// The attribute changes of a mount waiting to be written back.
@@ -115,17 +143,11 @@ impl<S: ObjectStore> Writeback<S> {
             // A newer version than the one the changes were made on: the new one is the base.
             Some(p) if p.base.etag == base.etag => p.change = p.change.merged(change),
             _ => {
-                let first = t
-                    .pending
-                    .insert(
-                        ino,
-                        Pending {
-                            inode,
-                            base,
-                            change: change.clone(),
-                        },
-                    )
-                    .is_none();
+                let first = t.insert(Pending {
+                    inode,
+                    base,
+                    change: change.clone(),
+                });
                 self.count.store(t.pending.len(), Ordering::Relaxed);
                 drop(t);
                 if first {
@@ -154,11 +176,7 @@ impl<S: ObjectStore> Writeback<S> {
             return None;
         }
         let t = self.lock();
-        let p = t.pending.get(&inode.ino).or_else(|| {
-            t.pending
-                .values()
-                .find(|p| p.inode.kind == inode.kind && p.inode.key() == inode.key())
-        })?;
+        let p = t.find(inode)?;
         (p.base.etag == stat.etag).then(|| Stat {
             meta: Some(stat.meta.clone().unwrap_or_default().merged(&p.change)),
             ..stat.clone()
@@ -173,7 +191,7 @@ impl<S: ObjectStore> Writeback<S> {
         while t.running.contains(&ino) {
             t = self.done.wait(t).unwrap_or_else(|e| e.into_inner());
         }
-        let p = t.pending.remove(&ino);
+        let p = t.remove(ino);
         self.count.store(t.pending.len(), Ordering::Relaxed);
         p
     }
@@ -247,7 +265,7 @@ impl<S: ObjectStore> Writeback<S> {
         if t.running.contains(&ino) {
             return Start::Busy;
         }
-        let Some(p) = t.pending.remove(&ino) else {
+        let Some(p) = t.remove(ino) else {
             return Start::Nothing;
         };
         self.count.store(t.pending.len(), Ordering::Relaxed);

@@ -12,7 +12,7 @@
 use fuser::Errno;
 use tracing::warn;
 
-use super::inode::{Kind, Stat};
+use super::inode::{Inode, Kind, Stat};
 use super::namespace::SetAttr;
 use super::{FsResult, S3Fs};
 use s3rdma_client::xattr::{self, Xattrs};
@@ -49,13 +49,12 @@ fn stored_name(name: &str) -> FsResult<()> {
 impl<S: ObjectStore> S3Fs<S> {
     /// The file's stored attributes as they stand (pending changes included): what this
     /// mount wrote or learnt within the metadata TTL, else what HeadObject answers.
-    fn meta_now(&self, ino: u64, op: &str) -> FsResult<FileMeta> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
-        let stat = match self.local_stat(ino) {
+    fn meta_now(&self, inode: &Inode, op: &str) -> FsResult<FileMeta> {
+        let stat = match self.local_stat(inode.ino) {
             Some(s) => s,
-            None => Stat::from(&self.known_version(&inode, op)?),
+            None => Stat::from(&self.known_version(inode, op)?),
         };
-        let stat = self.attrs.overlay(&inode, &stat).unwrap_or(stat);
+        let stat = self.attrs.overlay(inode, &stat).unwrap_or(stat);
         Ok(stat.meta.unwrap_or_default())
     }
 
@@ -65,7 +64,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if inode.kind != Kind::File {
             return Ok(Xattrs::new());
         }
-        Ok(self.meta_now(ino, op)?.xattrs.unwrap_or_default())
+        Ok(self.meta_now(&inode, op)?.xattrs.unwrap_or_default())
     }
 
     /// `getxattr` of a stored attribute.
@@ -96,43 +95,40 @@ impl<S: ObjectStore> S3Fs<S> {
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
-        stored_name(name)?;
-        self.writable_xattrs(ino)?;
-        let _one = self.lock_xattr_change();
-        let mut attrs = self.xattrs_of(ino, "setxattr")?;
-        let exists = attrs.contains_key(name);
-        if flags & XATTR_CREATE != 0 && exists {
-            return Err(Errno::EEXIST);
-        }
-        if flags & XATTR_REPLACE != 0 && !exists {
-            return Err(Errno::ENODATA);
-        }
-        attrs.insert(name.to_string(), value.to_vec());
-        self.store_xattrs(ino, attrs, value.len())
+        self.change_xattrs(ino, name, "setxattr", |attrs| {
+            let exists = attrs.contains_key(name);
+            if flags & XATTR_CREATE != 0 && exists {
+                return Err(Errno::EEXIST);
+            }
+            if flags & XATTR_REPLACE != 0 && !exists {
+                return Err(Errno::ENODATA);
+            }
+            if value.len() > MAX_USER_METADATA {
+                return Err(Errno::E2BIG);
+            }
+            attrs.insert(name.to_string(), value.to_vec());
+            Ok(())
+        })
     }
 
     /// `removexattr`.
     pub(super) fn do_removexattr(&self, ino: u64, name: &str) -> FsResult<()> {
+        self.change_xattrs(ino, name, "removexattr", |attrs| {
+            attrs.remove(name).map(|_| ()).ok_or(Errno::ENODATA)
+        })
+    }
+
+    /// Change the user attributes of file `ino` by `edit` and store them with the file (its
+    /// upload, or the attribute write-back), if S3 can hold them with the rest (`ENOSPC`).
+    /// One change at a time: each rewrites the file's whole set.
+    fn change_xattrs(
+        &self,
+        ino: u64,
+        name: &str,
+        op: &str,
+        edit: impl FnOnce(&mut Xattrs) -> FsResult<()>,
+    ) -> FsResult<()> {
         stored_name(name)?;
-        self.writable_xattrs(ino)?;
-        let _one = self.lock_xattr_change();
-        let mut attrs = self.xattrs_of(ino, "removexattr")?;
-        if attrs.remove(name).is_none() {
-            return Err(Errno::ENODATA);
-        }
-        self.store_xattrs(ino, attrs, 0)
-    }
-
-    /// One change at a time: two changes of one file would each rewrite the whole set.
-    fn lock_xattr_change(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.ns
-            .xattr_change
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Files take user attributes; directories and links do not (`ENOTSUP`).
-    fn writable_xattrs(&self, ino: u64) -> FsResult<()> {
         if self.cfg.read_only {
             return Err(Errno::EROFS);
         }
@@ -141,13 +137,18 @@ impl<S: ObjectStore> S3Fs<S> {
             warn!(key = %inode.key(), "extended attributes are stored with files only, not on directories or links");
             return Err(Errno::EOPNOTSUPP);
         }
-        Ok(())
-    }
-
-    /// The file's attributes become `attrs`, if S3 can hold them with the rest.
-    fn store_xattrs(&self, ino: u64, attrs: Xattrs, value_len: usize) -> FsResult<()> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
-        let current = self.meta_now(ino, "setxattr")?;
+        let _one = self
+            .ns
+            .xattr_change
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let current = self.meta_now(&inode, op)?;
+        let mut attrs = current.xattrs.clone().unwrap_or_default();
+        edit(&mut attrs).inspect_err(|e| {
+            if *e == Errno::E2BIG {
+                warn!(key = %inode.key(), name, limit = MAX_USER_METADATA, "an extended attribute's value is larger than S3's user metadata of an object can be");
+            }
+        })?;
         let change = FileMeta {
             xattrs: Some(attrs),
             ..Default::default()
@@ -155,19 +156,12 @@ impl<S: ObjectStore> S3Fs<S> {
         let len = current.merged(&change).stored_len();
         if len > MAX_USER_METADATA {
             warn!(key = %inode.key(), bytes = len, limit = MAX_USER_METADATA, "extended attributes do not fit in S3's user metadata of the object; remove some first");
-            return Err(if value_len > MAX_USER_METADATA {
-                Errno::E2BIG
-            } else {
-                Errno::ENOSPC
-            });
+            return Err(Errno::ENOSPC);
         }
-        self.do_setattr(
-            ino,
-            SetAttr {
-                xattrs: change.xattrs,
-                ..Default::default()
-            },
-        )
-        .map(|_| ())
+        let set = SetAttr {
+            xattrs: change.xattrs,
+            ..Default::default()
+        };
+        self.do_setattr(ino, set).map(|_| ())
     }
 }

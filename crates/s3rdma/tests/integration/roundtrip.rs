@@ -150,6 +150,12 @@ fn os_rename_of_a_checkpoint_directory() {
     );
     assert!(m.join("checkpoint-100/empty").is_dir());
     assert!(!m.join("tmp-checkpoint-100").exists());
+    // Not listed either (SeaweedFS lists a directory whose marker went before its keys).
+    let top: Vec<String> = std::fs::read_dir(&m.path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!top.contains(&"tmp-checkpoint-100".to_string()), "{top:?}");
     assert_eq!(
         std::fs::read_dir(m.join("checkpoint-100/shards"))
             .unwrap()

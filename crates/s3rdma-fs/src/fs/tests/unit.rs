@@ -763,3 +763,33 @@ fn only_entries_handed_to_the_kernel_are_counted_so_exact_forgets_drop_them() {
     fx.fs.retry_pinned_now();
     assert_eq!(fx.fs.inodes.len(), root_only, "{}", fx.fs.stats_text());
 }
+
+// [S-NS-ATTR-WRITEBACK]
+#[test]
+fn a_pending_change_shows_through_a_new_inode_of_the_same_key() {
+    let fx = Fx::new();
+    fx.write("x", b"").unwrap();
+    let t = UNIX_EPOCH + Duration::from_secs(1_000);
+    fx.setattr("x", touch(1_000)).unwrap();
+    // Another client's key makes "x" a directory for a moment: the file's inode goes.
+    fx.mem().put_external("x/y", b"y");
+    assert_eq!(fx.ls("").unwrap(), ["x"]);
+    assert_eq!(fx.stat("x").unwrap().kind, FileType::Directory);
+    fx.mem().delete_external("x/y");
+    // The file again, under a new inode: its pending mtime shows before it is written back.
+    let a = fx.stat("x").unwrap();
+    assert_eq!((a.kind, a.mtime), (FileType::RegularFile, t));
+}
+
+// [S-WRITE-OVERWRITE]
+#[test]
+fn a_rewrite_of_an_object_another_client_deleted_fails_with_estale() {
+    let fx = Fx::new();
+    fx.mem().put_external("x", b"old");
+    let fh = fx.create_or_truncate("x").unwrap();
+    fx.fs.do_write(fh, 0, b"new").unwrap();
+    fx.mem().delete_external("x");
+    assert_eq!(fx.fs.do_fsync(fh).unwrap_err(), Errno::ESTALE);
+    fx.fs.do_release(fh);
+    assert!(!fx.exists("x"));
+}
