@@ -737,6 +737,16 @@ pub fn wait_for_object(bucket: &str, key: &str) {
     }
 }
 
+/// Wait (up to 10 s) until the server no longer has `key`: a rename's delete of its source
+/// finishes in the background, after the rename returned.
+pub fn wait_for_delete(bucket: &str, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend_get(bucket, key).is_some() {
+        assert!(Instant::now() < deadline, "{key} never deleted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Close `f` and return what `close(2)` said (std's File drop ignores it; a commit fails there).
 pub fn close_file(f: std::fs::File) -> std::io::Result<()> {
     use std::os::unix::io::IntoRawFd;

@@ -408,7 +408,7 @@ fn symbolic_links_are_stored_as_s3fs_stores_them_and_copy_with_cp_and_rsync() {
         std::fs::read_link(m.join("moved")).unwrap(),
         std::path::Path::new("data/f")
     );
-    assert_eq!(backend_get(&b, "mine"), None);
+    wait_for_delete(&b, "mine");
     std::fs::remove_file(m.join("moved")).unwrap();
     assert_eq!(backend_get(&b, "moved"), None);
     let e = std::fs::hard_link(m.join("data/f"), m.join("hard")).unwrap_err();

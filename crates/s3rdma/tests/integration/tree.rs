@@ -419,7 +419,7 @@ fn rename_of_a_file_being_written_and_rename_noreplace() {
     drop(f);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(backend_get(&b, "renamed").unwrap(), b"new version");
-    assert_eq!(backend_get(&b, "old"), None);
+    wait_for_delete(&b, "old");
     assert_eq!(open_uploads(&b), 0);
     // renameat2(RENAME_NOREPLACE) onto an existing name.
     let (a, c) = (
