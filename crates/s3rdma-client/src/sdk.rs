@@ -758,6 +758,98 @@ impl ObjectStore for S3Client {
         .instrument(span)
         .await
     }
+
+    /// One GetObject of the first `buf.len()` bytes, unconditional: the object's size comes
+    /// from `Content-Range` (or, for a whole-object answer, `Content-Length`), its ETag, time
+    /// and `x-amz-meta-*` attributes from the headers HeadObject would send. An empty object
+    /// answers a range with 416; HeadObject then says what it is.
+    async fn get_first(&self, key: &str, buf: &mut [u8]) -> Result<(ObjectInfo, usize), S3Error> {
+        let span = tracing::debug_span!(
+            "s3",
+            op = "GetObject",
+            key,
+            range = %format_args!("0-{}", buf.len().saturating_sub(1)),
+            request_id = tracing::field::Empty
+        );
+        async {
+            let mut attempt = 1;
+            loop {
+                let start = self.stats.request(S3Request::Get, Transport::Http);
+                let res = self
+                    .client
+                    .get_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .range(format!("bytes=0-{}", buf.len().saturating_sub(1)))
+                    .send()
+                    .await;
+                log_outcome("GetObject", key, start, &res);
+                let out = match res.map_err(|e| convert("GetObject", key, e)) {
+                    Err(e) if e.kind == S3ErrorKind::InvalidRange => {
+                        return Ok((self.head(key).await?, 0))
+                    }
+                    r => r?,
+                };
+                let (info, n) = first_info(key, &out, buf.len())?;
+                match self.read_body_into(out.body, key, &mut buf[..n]).await {
+                    Ok(()) => {
+                        TransportStats::add(&self.stats.http_bytes_read, n as u64);
+                        return Ok((info, n));
+                    }
+                    Err(e) if attempt < self.max_attempts => {
+                        let pause = backoff(attempt);
+                        tracing::warn!(key, attempt, error = %e, pause_ms = pause.as_millis() as u64, "GET body failed; fetching again");
+                        tokio::time::sleep(pause).await;
+                        attempt += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// What a GetObject of the first `max` bytes says of the object, and how many body bytes
+/// follow; more than asked for is a bad response.
+fn first_info(
+    key: &str,
+    out: &aws_sdk_s3::operation::get_object::GetObjectOutput,
+    max: usize,
+) -> Result<(ObjectInfo, usize), S3Error> {
+    let len = out.content_length().unwrap_or(0).max(0) as u64;
+    let size = match out.content_range() {
+        Some(r) => r
+            .rsplit('/')
+            .next()
+            .and_then(|t| t.parse::<u64>().ok())
+            .ok_or_else(|| {
+                S3Error::new(
+                    S3ErrorKind::BadResponse,
+                    "GetObject",
+                    key,
+                    format!("unreadable Content-Range {r:?}"),
+                )
+            })?,
+        None => len,
+    };
+    if len > max as u64 || len != size.min(max as u64) {
+        return Err(S3Error::new(
+            S3ErrorKind::BadResponse,
+            "GetObject",
+            key,
+            format!("asked for the first {max} bytes of {size}, the answer holds {len}"),
+        ));
+    }
+    let info = ObjectInfo {
+        key: key.to_string(),
+        size,
+        etag: out.e_tag().map(quoted_etag).unwrap_or_default(),
+        last_modified: to_system_time(out.last_modified()),
+        meta: Some(FileMeta::from_map(out.metadata())),
+    };
+    Ok((info, len as usize))
 }
 
 impl S3Client {

@@ -52,6 +52,17 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         buf: &mut [u8],
     ) -> impl Future<Output = Result<(), S3Error>> + Send;
 
+    /// GetObject of the object's first `buf.len()` bytes (all of it when it is no larger),
+    /// with no condition, written into `buf`: what HeadObject would say of it (size, ETag,
+    /// time, stored attributes) and how many bytes were written (`min(size, buf.len())`).
+    /// One request where HeadObject and then a GET would be two; an empty object is answered
+    /// too (0 bytes).
+    fn get_first(
+        &self,
+        key: &str,
+        buf: &mut [u8],
+    ) -> impl Future<Output = Result<(ObjectInfo, usize), S3Error>> + Send;
+
     /// Like [`ObjectStore::get_range_into`], into a window of a registration, over RDMA when
     /// the mode allows: a decline moves the bytes over HTTP under `rdma=auto` (counted), or
     /// fails with `RdmaDeclined` under `rdma=required`.

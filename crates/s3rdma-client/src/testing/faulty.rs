@@ -216,6 +216,11 @@ impl<S: ObjectStore> ObjectStore for Faulty<S> {
         self.inner.get_range_into(key, etag, offset, buf).await
     }
 
+    async fn get_first(&self, key: &str, buf: &mut [u8]) -> Result<(ObjectInfo, usize), S3Error> {
+        self.moving(Op::Get, key, false).await?;
+        self.inner.get_first(key, buf).await
+    }
+
     async fn get_range_rdma_window(
         &self,
         key: &str,

@@ -393,6 +393,18 @@ impl ObjectStore for MemStore {
         Ok(())
     }
 
+    async fn get_first(&self, key: &str, buf: &mut [u8]) -> Result<(ObjectInfo, usize), S3Error> {
+        self.count(Op::Get);
+        let st = self.lock();
+        let o = st.version(Op::Get, key, "")?;
+        let n = o.data.len().min(buf.len());
+        buf[..n].copy_from_slice(&o.data[..n]);
+        let info = info_of(key, o);
+        drop(st);
+        TransportStats::add(self.counter_for(false, true), n as u64);
+        Ok((info, n))
+    }
+
     async fn get_range_rdma_window(
         &self,
         key: &str,

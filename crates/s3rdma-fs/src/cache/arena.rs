@@ -73,7 +73,8 @@ fn may_lock(len: usize) -> bool {
 
 impl Arena {
     /// Map `blocks * block_size` bytes, in slabs of at most `slab_bytes` (and the registration
-    /// limit; whole blocks). With `register` (RDMA) each slab is pinned and registered with
+    /// limit), each a whole number of `align` bytes (a multiple of `block_size`: the longest
+    /// aligned run of blocks a user takes, which so never straddles two slabs). With `register` (RDMA) each slab is pinned and registered with
     /// cuObject when first used, the first one now: if locking is not allowed (RLIMIT_MEMLOCK)
     /// or fails, the memory stays unpinned (`pinned() == false`); a failed registration leaves
     /// that slab without RDMA. Without `register` nothing is pinned: pages come as blocks are
@@ -83,8 +84,9 @@ impl Arena {
         blocks: usize,
         register: bool,
         slab_bytes: usize,
+        align: usize,
     ) -> Result<Arena, String> {
-        if block_size == 0 || blocks == 0 {
+        if block_size == 0 || blocks == 0 || !align.is_multiple_of(block_size) {
             return Err("the cache needs at least one block".into());
         }
         let len = block_size
@@ -93,7 +95,7 @@ impl Arena {
         let base =
             cuobj_ffi::map_anonymous(len).map_err(|e| format!("cannot map the cache: {e}"))?;
         let max = cuobj_ffi::max_registration_size().min(slab_bytes);
-        let per_slab = (max / block_size).max(1) * block_size;
+        let per_slab = (max / align).max(1) * align;
         let mut slabs = Vec::new();
         let mut start = 0;
         while start < len {
@@ -218,7 +220,8 @@ impl Arena {
         self.activate(idx).reg.as_ref().map(|r| (r, off - start))
     }
 
-    /// Fault in the pages of block `i`'s first `len` bytes in one call before it is filled
+    /// Fault in the pages of the first `len` bytes from block `i` in one call before they are
+    /// filled
     /// (an unpinned arena gets its pages as first written: one fault per 4 KiB page otherwise,
     /// in the middle of copying a response). Pages already there stay as they are; a kernel
     /// without MADV_POPULATE_WRITE (before 5.14) faults them in as usual.
@@ -226,7 +229,7 @@ impl Arena {
         if self.pinned || len == 0 {
             return; // mlocked: already resident
         }
-        assert!(i < self.blocks && len <= self.block_size);
+        assert!(i < self.blocks && len <= (self.blocks - i) * self.block_size);
         let page = 4096;
         let len = len.div_ceil(page) * page;
         // SAFETY: in bounds of our own mapping (blocks are page-aligned and page-sized
@@ -234,7 +237,7 @@ impl Arena {
         unsafe {
             libc::madvise(
                 self.base.as_ptr().add(i * self.block_size).cast(),
-                len.min(self.block_size),
+                len.min((self.blocks - i) * self.block_size),
                 libc::MADV_POPULATE_WRITE,
             );
         }
@@ -362,7 +365,7 @@ mod tests {
     #[test]
     fn prefault_brings_in_exactly_the_block_about_to_be_filled_and_give_back_takes_it_away() {
         const BS: usize = 1 << 20;
-        let a = Arena::new(BS, 4, false, CACHE_SLAB).unwrap();
+        let a = Arena::new(BS, 4, false, CACHE_SLAB, BS).unwrap();
         // SAFETY: every index used is within the 4-block mapping.
         let block = |i: usize| unsafe { a.base.as_ptr().add(i * BS) as *const u8 };
         assert_eq!(resident(block(1), BS), 0);

@@ -77,8 +77,8 @@ impl Policy for Ours {
         }
         inner.sketch.record(&step.read);
         let (slot, hit) = match inner.claim(&step.read, 1, step.access, &self.stats) {
-            Claim::Hit(i, _) => (i, true),
-            Claim::Fill(i) => {
+            Claim::Hit(i, _, _) => (i, true),
+            Claim::Fill(i, _) => {
                 inner.filled(i, true);
                 (i, false)
             }
@@ -148,7 +148,7 @@ fn policies() -> Vec<Box<dyn Policy>> {
             clock: 0,
         }),
         Box::new(Ours {
-            inner: Inner::new(BLOCKS),
+            inner: Inner::new(BLOCKS, 1, 0),
             stats: CacheStats::default(),
         }),
         Box::new(TinyLfu(

@@ -103,8 +103,14 @@ impl WritePool {
             return Ok(a);
         }
         // One slab: a part of many blocks must lie in one registration.
-        let a = Arena::new(self.block_size, self.blocks, self.register, usize::MAX)
-            .map_err(|e| format!("write buffers: {e}"))?;
+        let a = Arena::new(
+            self.block_size,
+            self.blocks,
+            self.register,
+            usize::MAX,
+            self.block_size,
+        )
+        .map_err(|e| format!("write buffers: {e}"))?;
         tracing::info!(
             bytes = a.len(),
             pinned = a.pinned(),
