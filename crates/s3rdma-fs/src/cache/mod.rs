@@ -501,11 +501,12 @@ impl<S: ObjectStore> Cache<S> {
         result.map_err(S3Error::pinned_gone)
     }
 
-    /// One unconditional GET of the first `max` bytes of `key` (at most a part), into cache
-    /// space: when that is the whole object, it stays cached as the object's block 0 under the
-    /// ETag the answer carried, so that the open and the reads that follow need no request.
-    /// Returns what the answer says of the object, as HeadObject would. `expect` is the size
-    /// last seen (its pages are faulted in first). With no space free or evictable at once,
+    /// One unconditional GET of the first bytes of `key` into cache space: when that is the
+    /// whole object, it stays cached as the object's block 0 under the ETag the answer
+    /// carried, so that the open and the reads that follow need no request. Returns what the
+    /// answer says of the object, as HeadObject would. `expect` is the size last seen: the GET
+    /// asks for the run of units that holds it (an object grown since up to that still comes
+    /// whole), at most `max` bytes and a part. With no space free or evictable at once,
     /// HeadObject answers instead.
     pub async fn fetch_first(
         self: &Arc<Self>,
@@ -513,7 +514,10 @@ impl<S: ObjectStore> Cache<S> {
         max: usize,
         expect: u64,
     ) -> Result<ObjectInfo, S3Error> {
-        let max = max.min(self.part);
+        let unit = self.arena.block_size();
+        let expect = usize::try_from(expect).unwrap_or(usize::MAX).min(self.part);
+        let run = unit << space::order_for(expect, unit);
+        let max = max.min(self.part).min(run);
         let n = self.placeholders.fetch_add(1, Ordering::Relaxed);
         let holder = BlockKey {
             key: key.into(),
@@ -555,7 +559,7 @@ impl<S: ObjectStore> Cache<S> {
         unit: usize,
         key: &str,
         max: usize,
-        expect: u64,
+        expect: usize,
     ) -> Result<(ObjectInfo, usize), S3Error> {
         let _permit = self.fetches.acquire().await.map_err(|_| {
             S3Error::new(
@@ -565,7 +569,7 @@ impl<S: ObjectStore> Cache<S> {
                 "cache is shutting down",
             )
         })?;
-        self.arena.prefault(unit, (expect as usize).min(max));
+        self.arena.prefault(unit, expect.min(max));
         // SAFETY: the entry is Filling and we are its only holder until it is marked Ready or
         // freed; its run from `unit` holds `max` bytes.
         let buf = unsafe { self.arena.block_mut_run(unit, max) };
@@ -1192,7 +1196,7 @@ mod space_tests {
         // Larger than the bound: its size is told, its first bytes are waste, nothing stays.
         store.put_external("large", &body(PART + 5, 1));
         let info = rt
-            .block_on(cache.fetch_first("large", 256 << 10, 0))
+            .block_on(cache.fetch_first("large", 256 << 10, 200 << 10))
             .expect("fetch");
         assert_eq!(info.size, PART as u64 + 5);
         assert_eq!(

@@ -22,6 +22,7 @@ mod parallel;
 mod passthrough;
 pub mod probe;
 pub mod report;
+pub mod small;
 mod staged;
 mod symlink;
 pub mod write;
@@ -152,9 +153,9 @@ struct DirEntryOut {
 enum Told {
     /// Its attributes, and its inode (which the kernel counts; none for `.` and `..`).
     Ready(FileAttr, Option<Arc<Inode>>),
-    /// Not handed out yet: an object that may be a symbolic link, asked about just before the
-    /// kernel reads this far (see `kinds`).
-    Unknown,
+    /// Not handed out yet: an object that may be a symbolic link (its listed size and ETag),
+    /// asked about just before the kernel reads this far (see `kinds`).
+    Unknown(u64, String),
     /// Listed, but gone by the time it was asked about: no entry.
     Gone,
 }
@@ -504,7 +505,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.cfg.file_metadata {
             if let Some(child) = self.inodes.child(parent, name) {
                 if child.kind != Kind::Dir {
-                    if let Ok(info) = self.rt.block_on(self.s3.head(child.key())) {
+                    if let Ok(info) = self.rt.block_on(self.ask_file(&child)) {
                         let stat = Stat::from(&info);
                         // A file that turned out to be a symbolic link (or back): a new inode.
                         let kind = Kind::of_object(stat.meta.as_ref());
@@ -544,7 +545,9 @@ impl<S: ObjectStore> S3Fs<S> {
                     // A listing does not carry the stored attributes: ask for them once per
                     // version (rsync's quick check needs the mtime it set; a symbolic link
                     // is known by its mode).
-                    match self.rt.block_on(self.s3.head(&key)) {
+                    let last = Some((info.size, info.etag.as_str()));
+                    let asked = small::ask_file(&self.cache, &self.s3, &key, last);
+                    match self.rt.block_on(asked) {
                         Ok(head) => stat = Stat::from(&head),
                         Err(e) if e.kind == S3ErrorKind::NotFound => {
                             if let Some(c) = self.inodes.child(parent, name) {
@@ -603,6 +606,13 @@ impl<S: ObjectStore> S3Fs<S> {
                     && self.inodes.child(p.ino, name).is_none())
             }
         }
+    }
+
+    /// What S3 says of file `inode` now (see `small`: a small one comes whole).
+    async fn ask_file(&self, inode: &Inode) -> Result<s3rdma_client::ObjectInfo, S3Error> {
+        let last = inode.last_stat();
+        let last = last.as_ref().map(|s| (s.size, s.etag.as_str()));
+        small::ask_file(&self.cache, &self.s3, inode.key(), last).await
     }
 
     /// Ask S3 what `key` is: one listing of the name, or (when that cannot be sure, or the
@@ -713,7 +723,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let stat = match trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
             Some(stat) => stat,
             None => {
-                let info = self.rt.block_on(self.s3.head(inode.key())).map_err(|e| {
+                let info = self.rt.block_on(self.ask_file(&inode)).map_err(|e| {
                     inode.invalidate();
                     self.fail("open", &e)
                 })?;
@@ -888,7 +898,7 @@ impl<S: ObjectStore> S3Fs<S> {
                             out.push(DirEntryOut {
                                 name: name.clone(),
                                 at,
-                                told: Told::Unknown,
+                                told: Told::Unknown(info.size, info.etag.to_string()),
                             });
                             continue;
                         }
@@ -1036,7 +1046,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 .skip(from)
                 .position(|e| !matches!(e.told, Told::Gone));
             match next {
-                Some(n) if matches!(out.entries[from + n].told, Told::Unknown) => from += n,
+                Some(n) if matches!(out.entries[from + n].told, Told::Unknown(..)) => from += n,
                 _ => break,
             }
         }

@@ -4,6 +4,7 @@
 //! sequences against a reference model of SEMANTICS.md.
 
 mod model;
+mod small;
 mod tree;
 mod unit;
 
@@ -312,7 +313,7 @@ impl Fx {
                                     inode.is_some(),
                                 )),
                                 super::Told::Gone => continue,
-                                super::Told::Unknown => break,
+                                super::Told::Unknown(..) => break,
                             }
                         }
                         page

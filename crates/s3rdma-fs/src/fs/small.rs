@@ -1,0 +1,47 @@
+//! Small files in one request.
+//!
+//! A dataset of small files is read file by file: look up, open, read to the end, close. The
+//! open must ask S3 for the current version (close-to-open), and that answer used to be a
+//! HeadObject, followed by a GET for the bytes: two requests per file, where an SDK reading
+//! the same object sends one. Here, wherever the mount would ask HeadObject about a file that
+//! is small as last seen (1 byte to [`WHOLE_MAX`]) and whose bytes at the version last seen are
+//! not cached already, it sends one GET of the object's first `WHOLE_MAX` bytes instead. The
+//! answer carries everything HeadObject would (size, ETag, time, `x-amz-meta-*`), and the body,
+//! when it is the whole object, lands in the page cache as the block of that ETag, so the
+//! reads that follow need no request (`Cache::fetch_first`).
+//!
+//! What this costs a file nobody reads (a `stat` of a path not listed before, `ls -l` of links
+//! and tiny files) is its bytes, at most `WHOLE_MAX`, counted in `whole_fetch_waste_bytes`
+//! once evicted unread. A larger object is never fetched by a `stat`: it is asked about with
+//! HeadObject, and one that grew past the bound since it was last seen costs the first
+//! `WHOLE_MAX` bytes (counted too).
+
+use std::sync::Arc;
+
+use crate::cache::{BlockKey, Cache};
+use s3rdma_client::{ObjectInfo, ObjectStore, S3Error};
+
+/// The largest object fetched whole where HeadObject would be asked.
+pub const WHOLE_MAX: u64 = 1 << 20;
+
+/// What S3 says of the file `key` now, as HeadObject says it; `last` is its size and ETag as
+/// last seen. A small object not cached at that ETag comes whole with the answer (see above).
+pub(super) async fn ask_file<S: ObjectStore>(
+    cache: &Arc<Cache<S>>,
+    s3: &S,
+    key: &str,
+    last: Option<(u64, &str)>,
+) -> Result<ObjectInfo, S3Error> {
+    let whole = last.filter(|&(size, etag)| {
+        (1..=WHOLE_MAX).contains(&size)
+            && !cache.contains(&BlockKey {
+                key: key.into(),
+                etag: etag.into(),
+                index: 0,
+            })
+    });
+    match whole {
+        Some((size, _)) => cache.fetch_first(key, WHOLE_MAX as usize, size).await,
+        None => s3.head(key).await,
+    }
+}
