@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::operation::get_object::GetObjectOutput;
 use aws_sdk_s3::operation::RequestId;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use cuobj_ffi::Op;
@@ -287,15 +288,10 @@ impl ObjectStore for S3Client {
         offset: u64,
         win: RdmaWindow<'_>,
     ) -> Result<(), S3Error> {
-        let RdmaWindow {
-            reg,
-            offset: reg_offset,
-            buf,
-        } = win;
         if self.rdma == RdmaMode::Auto && self.stats.rdma_paused() {
-            return self.get_range_into(key, etag, offset, buf).await;
+            return self.get_range_into(key, etag, offset, win.buf).await;
         }
-        let len = buf.len();
+        let len = win.buf.len();
         let end = offset + len as u64 - 1;
         let span = tracing::debug_span!(
             "s3",
@@ -306,69 +302,66 @@ impl ObjectStore for S3Client {
             request_id = tracing::field::Empty
         );
         async {
-            let seen = Arc::new(Mutex::new(ReplySeen::default()));
-            let icpt = TokenInterceptor::new(
-                reg.clone(),
-                reg_offset,
-                len,
-                Op::Get,
-                self.stats.clone(),
-                seen.clone(),
-            );
-            let start = self.stats.request(S3Request::Get, Transport::Rdma);
-            let mut req = self
-                .rdma_client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .range(format!("bytes={offset}-{end}"));
-            if !etag.is_empty() {
-                req = req.if_match(etag);
-            }
-            let res = req.customize().interceptor(icpt).send().await;
-            log_outcome("GetObject", key, start, &res);
-            let out = match res {
-                Ok(out) => out,
-                Err(e) => {
-                    if self.declined_by_error(&e) {
-                        self.decline("GetObject", key)?;
-                        return self.get_range_into(key, etag, offset, buf).await;
-                    }
-                    return Err(convert("GetObject", key, e));
-                }
-            };
-            let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match rdma::judge_get(&seen, len as u64, self.accept_206_200) {
-                Verdict::Done(n) if n == len as u64 => {
-                    TransportStats::add(&self.stats.rdma_bytes_read, n);
-                    self.stats.rdma_worked();
-                    Ok(())
-                }
-                Verdict::Done(n) => {
-                    TransportStats::add(&self.stats.reply_errors, 1);
-                    Err(S3Error::new(
-                        S3ErrorKind::BadResponse,
-                        "GetObject",
-                        key,
-                        format!("RDMA transfer delivered {n} of {len} bytes"),
-                    ))
-                }
-                Verdict::Declined => {
-                    self.decline("GetObject", key)?;
+            let range = format!("bytes={offset}-{end}");
+            match self.rdma_get(key, etag, range, &win).await? {
+                RdmaGot::Moved(_, n) if n == len as u64 => Ok(()),
+                RdmaGot::Moved(_, n) => Err(self.short_rdma(key, n, len)),
+                RdmaGot::DeclinedBody(out) => {
                     // A declining server sends the object in the body, as plain S3 does.
-                    self.read_body_into(out.body, key, buf).await?;
+                    self.read_body_into(out.body, key, win.buf).await?;
                     TransportStats::add(&self.stats.http_bytes_read, len as u64);
                     Ok(())
                 }
-                Verdict::Failed(msg) => {
-                    TransportStats::add(&self.stats.reply_errors, 1);
-                    Err(S3Error::new(
-                        S3ErrorKind::BadResponse,
-                        "GetObject",
-                        key,
-                        msg,
-                    ))
+                RdmaGot::Declined => self.get_range_into(key, etag, offset, win.buf).await,
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn get_first_rdma_window(
+        &self,
+        key: &str,
+        win: RdmaWindow<'_>,
+    ) -> Result<(ObjectInfo, usize), S3Error> {
+        if self.rdma == RdmaMode::Auto && self.stats.rdma_paused() {
+            return self.get_first(key, win.buf).await;
+        }
+        let len = win.buf.len();
+        let span = tracing::debug_span!(
+            "s3",
+            op = "GetObject",
+            transport = "rdma",
+            key,
+            range = %format_args!("0-{}", len.saturating_sub(1)),
+            request_id = tracing::field::Empty
+        );
+        async {
+            let range = format!("bytes=0-{}", len.saturating_sub(1));
+            match self.rdma_get(key, "", range, &win).await {
+                Ok(RdmaGot::Moved(out, n)) => {
+                    // The body went over RDMA: the size is Content-Range's (a range answer)
+                    // or, for the whole object, what was moved.
+                    let size = match out.content_range() {
+                        Some(r) => range_total(key, r)?,
+                        None => n,
+                    };
+                    if n != size.min(len as u64) {
+                        return Err(self.short_rdma(key, n, size.min(len as u64) as usize));
+                    }
+                    Ok((first_object_info(key, &out, size), n as usize))
                 }
+                Ok(RdmaGot::DeclinedBody(out)) => {
+                    let (info, n) = first_info(key, &out, len)?;
+                    self.read_body_into(out.body, key, &mut win.buf[..n])
+                        .await?;
+                    TransportStats::add(&self.stats.http_bytes_read, n as u64);
+                    Ok((info, n))
+                }
+                Ok(RdmaGot::Declined) => self.get_first(key, win.buf).await,
+                // An empty object answers a range with 416; HeadObject says what it is.
+                Err(e) if e.kind == S3ErrorKind::InvalidRange => Ok((self.head(key).await?, 0)),
+                Err(e) => Err(e),
             }
         }
         .instrument(span)
@@ -815,23 +808,12 @@ impl ObjectStore for S3Client {
 /// follow; more than asked for is a bad response.
 fn first_info(
     key: &str,
-    out: &aws_sdk_s3::operation::get_object::GetObjectOutput,
+    out: &GetObjectOutput,
     max: usize,
 ) -> Result<(ObjectInfo, usize), S3Error> {
     let len = out.content_length().unwrap_or(0).max(0) as u64;
     let size = match out.content_range() {
-        Some(r) => r
-            .rsplit('/')
-            .next()
-            .and_then(|t| t.parse::<u64>().ok())
-            .ok_or_else(|| {
-                S3Error::new(
-                    S3ErrorKind::BadResponse,
-                    "GetObject",
-                    key,
-                    format!("unreadable Content-Range {r:?}"),
-                )
-            })?,
+        Some(r) => range_total(key, r)?,
         None => len,
     };
     if len > max as u64 || len != size.min(max as u64) {
@@ -842,14 +824,120 @@ fn first_info(
             format!("asked for the first {max} bytes of {size}, the answer holds {len}"),
         ));
     }
-    let info = ObjectInfo {
+    Ok((first_object_info(key, out, size), len as usize))
+}
+
+/// The object's total size from a `Content-Range` (`bytes 0-1023/4096`).
+fn range_total(key: &str, range: &str) -> Result<u64, S3Error> {
+    range
+        .rsplit('/')
+        .next()
+        .and_then(|t| t.parse::<u64>().ok())
+        .ok_or_else(|| {
+            S3Error::new(
+                S3ErrorKind::BadResponse,
+                "GetObject",
+                key,
+                format!("unreadable Content-Range {range:?}"),
+            )
+        })
+}
+
+/// The object a GetObject answered about, `size` bytes long: what HeadObject would say.
+fn first_object_info(key: &str, out: &GetObjectOutput, size: u64) -> ObjectInfo {
+    ObjectInfo {
         key: key.to_string(),
         size,
         etag: out.e_tag().map(quoted_etag).unwrap_or_default(),
         last_modified: to_system_time(out.last_modified()),
         meta: Some(FileMeta::from_map(out.metadata())),
-    };
-    Ok((info, len as usize))
+    }
+}
+
+/// What one GET with an RDMA token came to.
+enum RdmaGot {
+    /// The endpoint wrote this many bytes into the window; the answer's headers.
+    Moved(GetObjectOutput, u64),
+    /// The endpoint declined and sent the bytes in the body, as plain S3 does (allowed).
+    DeclinedBody(GetObjectOutput),
+    /// The endpoint declined with an error: send the request again over HTTP (allowed).
+    Declined,
+}
+
+impl S3Client {
+    /// One GetObject of `range` (conditional on `etag` unless empty) with a token for `win`:
+    /// a decline is counted (and under `rdma=required` is the error), a broken reply is an
+    /// error, bytes moved over RDMA are counted.
+    async fn rdma_get(
+        &self,
+        key: &str,
+        etag: &str,
+        range: String,
+        win: &RdmaWindow<'_>,
+    ) -> Result<RdmaGot, S3Error> {
+        let len = win.buf.len();
+        let seen = Arc::new(Mutex::new(ReplySeen::default()));
+        let icpt = TokenInterceptor::new(
+            win.reg.clone(),
+            win.offset,
+            len,
+            Op::Get,
+            self.stats.clone(),
+            seen.clone(),
+        );
+        let start = self.stats.request(S3Request::Get, Transport::Rdma);
+        let mut req = self
+            .rdma_client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .range(range);
+        if !etag.is_empty() {
+            req = req.if_match(etag);
+        }
+        let res = req.customize().interceptor(icpt).send().await;
+        log_outcome("GetObject", key, start, &res);
+        let out = match res {
+            Ok(out) => out,
+            Err(e) if self.declined_by_error(&e) => {
+                self.decline("GetObject", key)?;
+                return Ok(RdmaGot::Declined);
+            }
+            Err(e) => return Err(convert("GetObject", key, e)),
+        };
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match rdma::judge_get(&seen, len as u64, self.accept_206_200) {
+            Verdict::Done(n) => {
+                TransportStats::add(&self.stats.rdma_bytes_read, n);
+                self.stats.rdma_worked();
+                Ok(RdmaGot::Moved(out, n))
+            }
+            Verdict::Declined => {
+                self.decline("GetObject", key)?;
+                Ok(RdmaGot::DeclinedBody(out))
+            }
+            Verdict::Failed(msg) => {
+                TransportStats::add(&self.stats.reply_errors, 1);
+                Err(S3Error::new(
+                    S3ErrorKind::BadResponse,
+                    "GetObject",
+                    key,
+                    msg,
+                ))
+            }
+        }
+    }
+
+    /// An RDMA GET that moved `n` bytes where `want` were due.
+    fn short_rdma(&self, key: &str, n: u64, want: usize) -> S3Error {
+        TransportStats::add(&self.stats.reply_errors, 1);
+        S3Error::new(
+            S3ErrorKind::BadResponse,
+            "GetObject",
+            key,
+            format!("RDMA transfer delivered {n} of {want} bytes"),
+        )
+    }
 }
 
 impl S3Client {

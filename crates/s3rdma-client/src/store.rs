@@ -63,6 +63,14 @@ pub trait ObjectStore: Clone + Send + Sync + 'static {
         buf: &mut [u8],
     ) -> impl Future<Output = Result<(ObjectInfo, usize), S3Error>> + Send;
 
+    /// Like [`ObjectStore::get_first`], into a window of a registration, over RDMA when the
+    /// mode allows (declines as for [`ObjectStore::get_range_rdma_window`]).
+    fn get_first_rdma_window(
+        &self,
+        key: &str,
+        win: RdmaWindow<'_>,
+    ) -> impl Future<Output = Result<(ObjectInfo, usize), S3Error>> + Send;
+
     /// Like [`ObjectStore::get_range_into`], into a window of a registration, over RDMA when
     /// the mode allows: a decline moves the bytes over HTTP under `rdma=auto` (counted), or
     /// fails with `RdmaDeclined` under `rdma=required`.

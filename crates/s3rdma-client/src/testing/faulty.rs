@@ -237,6 +237,18 @@ impl<S: ObjectStore> ObjectStore for Faulty<S> {
             .await
     }
 
+    async fn get_first_rdma_window(
+        &self,
+        key: &str,
+        win: RdmaWindow<'_>,
+    ) -> Result<(ObjectInfo, usize), S3Error> {
+        let rdma = self.inner.rdma_mode() != RdmaMode::Off;
+        if self.moving(Op::Get, key, rdma).await? {
+            return self.inner.get_first(key, win.buf).await;
+        }
+        self.inner.get_first_rdma_window(key, win).await
+    }
+
     async fn put_object_if(
         &self,
         key: &str,

@@ -289,6 +289,17 @@ impl MemStore {
     }
 }
 
+impl MemStore {
+    /// The object's first `buf.len()` bytes (all of it if no larger) into `buf`.
+    fn first_into(&self, key: &str, buf: &mut [u8]) -> Result<(ObjectInfo, usize), S3Error> {
+        let st = self.lock();
+        let o = st.version(Op::Get, key, "")?;
+        let n = o.data.len().min(buf.len());
+        buf[..n].copy_from_slice(&o.data[..n]);
+        Ok((info_of(key, o), n))
+    }
+}
+
 fn info_of(key: &str, o: &Object) -> ObjectInfo {
     ObjectInfo {
         key: key.to_string(),
@@ -395,13 +406,20 @@ impl ObjectStore for MemStore {
 
     async fn get_first(&self, key: &str, buf: &mut [u8]) -> Result<(ObjectInfo, usize), S3Error> {
         self.count(Op::Get);
-        let st = self.lock();
-        let o = st.version(Op::Get, key, "")?;
-        let n = o.data.len().min(buf.len());
-        buf[..n].copy_from_slice(&o.data[..n]);
-        let info = info_of(key, o);
-        drop(st);
+        let (info, n) = self.first_into(key, buf)?;
         TransportStats::add(self.counter_for(false, true), n as u64);
+        Ok((info, n))
+    }
+
+    async fn get_first_rdma_window(
+        &self,
+        key: &str,
+        win: RdmaWindow<'_>,
+    ) -> Result<(ObjectInfo, usize), S3Error> {
+        self.count(Op::Get);
+        let (info, n) = self.first_into(key, win.buf)?;
+        let rdma = self.inner.rdma != RdmaMode::Off;
+        TransportStats::add(self.counter_for(rdma, true), n as u64);
         Ok((info, n))
     }
 

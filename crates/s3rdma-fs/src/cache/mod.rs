@@ -573,7 +573,15 @@ impl<S: ObjectStore> Cache<S> {
         // SAFETY: the entry is Filling and we are its only holder until it is marked Ready or
         // freed; its run from `unit` holds `max` bytes.
         let buf = unsafe { self.arena.block_mut_run(unit, max) };
-        self.s3.get_first(key, buf).await
+        match (self.s3.rdma_mode(), self.arena.registration_of(unit)) {
+            (RdmaMode::Off, _) | (_, None) => self.s3.get_first(key, buf).await,
+            (_, Some((reg, reg_offset))) => {
+                // SAFETY: `buf` is exactly the run at `reg_offset` of its slab's registration,
+                // and it is ours alone while Filling.
+                let win = unsafe { RdmaWindow::new(reg, reg_offset, buf) };
+                self.s3.get_first_rdma_window(key, win).await
+            }
+        }
     }
 
     /// A sequential reader moved two blocks past this block: it goes behind — or to
