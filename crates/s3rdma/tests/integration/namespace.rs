@@ -239,9 +239,16 @@ fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     let secs = start.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().filter(|l| l.starts_with('-')).count(), 1000);
-    let heads = m.count_requests("HeadObject");
-    eprintln!("ls -l of 1,000 objects of 10 bytes: {secs:.2} s, {heads} HeadObject");
-    assert_eq!(heads, 1000, "one HeadObject per object that may be a link");
+    let (heads, gets) = (
+        m.count_requests("HeadObject"),
+        m.count_requests("GetObject"),
+    );
+    eprintln!(
+        "ls -l of 1,000 objects of 10 bytes: {secs:.2} s, {heads} HeadObject, {gets} GetObject"
+    );
+    // A small object is asked about with one GET of the whole object [S-READ-SMALL].
+    assert_eq!(heads, 0, "no HeadObject for a small object");
+    assert_eq!(gets, 1000, "one GET per object that may be a link");
 }
 
 // [S-NS-LOOKUP-ONE]
@@ -260,14 +267,17 @@ fn a_lookup_is_one_listing_unless_many_names_share_its_spelling() {
     let siblings: Vec<String> = (0..150).map(|i| format!("d/many.{i:03}")).collect();
     put_many(&b, siblings, b"s");
     // With stored attributes asked for (the default), the first lookup of a file adds one
-    // HeadObject; a name already known as a file is asked with HeadObject alone.
+    // request for them: a GET of the whole object, as it is small [S-READ-SMALL]; a name
+    // already known as a file, whose bytes are cached, is asked with HeadObject alone.
     let m = Mount::new(&b, &["--metadata-ttl", "100ms"]);
-    let (lists, heads) = (
+    let (lists, heads, gets) = (
         m.count_requests("ListObjectsV2"),
         m.count_requests("HeadObject"),
+        m.count_requests("GetObject"),
     );
     assert_eq!(std::fs::metadata(m.join("d/a")).unwrap().len(), 6);
-    assert_eq!(m.count_requests("HeadObject"), heads + 1);
+    assert_eq!(m.count_requests("HeadObject"), heads);
+    assert_eq!(m.count_requests("GetObject"), gets + 1, "the object whole");
     assert_eq!(m.count_requests("ListObjectsV2"), lists + 2, "d and d/a");
     std::thread::sleep(Duration::from_millis(300));
     let (lists, heads) = (
