@@ -1051,7 +1051,8 @@ mod store_tests {
 
 #[cfg(test)]
 mod space_tests {
-    //! Small files at their size: the buddy-allocated cache over the in-memory store.
+    //! Small files at their size: the buddy-allocated cache over the in-memory store
+    //! [S-CACHE-UNITS].
 
     use super::*;
     use s3rdma_client::testing::{MemStore, Op};

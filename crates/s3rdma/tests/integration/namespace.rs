@@ -246,7 +246,7 @@ fn ls_l_of_10000_keys_lists_without_a_head_per_entry() {
     eprintln!(
         "ls -l of 1,000 objects of 10 bytes: {secs:.2} s, {heads} HeadObject, {gets} GetObject"
     );
-    // A small object is asked about with one GET of the whole object [S-READ-SMALL].
+    // A small object is asked about with one GET of the whole object [S-READ-WHOLE].
     assert_eq!(heads, 0, "no HeadObject for a small object");
     assert_eq!(gets, 1000, "one GET per object that may be a link");
 }
@@ -267,7 +267,7 @@ fn a_lookup_is_one_listing_unless_many_names_share_its_spelling() {
     let siblings: Vec<String> = (0..150).map(|i| format!("d/many.{i:03}")).collect();
     put_many(&b, siblings, b"s");
     // With stored attributes asked for (the default), the first lookup of a file adds one
-    // request for them: a GET of the whole object, as it is small [S-READ-SMALL]; a name
+    // request for them: a GET of the whole object, as it is small [S-READ-WHOLE]; a name
     // already known as a file, whose bytes are cached, is asked with HeadObject alone.
     let m = Mount::new(&b, &["--metadata-ttl", "100ms"]);
     let (lists, heads, gets) = (

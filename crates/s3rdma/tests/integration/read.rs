@@ -86,6 +86,82 @@ fn empty_and_tiny_files() {
     assert_eq!(std::fs::read(m.join("one")).unwrap(), b"1");
 }
 
+// [S-READ-WHOLE]
+#[test]
+fn a_dataset_of_small_files_costs_one_get_per_file_and_a_stat_wastes_a_bounded_amount() {
+    let b = bucket("whole");
+    // Sizes around the cache's 64 KiB unit and the 1 MiB bound.
+    let sizes = [1usize, 100, 4096, 65536, 65537, 256 << 10, 1 << 20];
+    let files: Vec<(String, Vec<u8>)> = (0..42)
+        .map(|i| {
+            (
+                format!("ds/f{i:03}"),
+                pattern(sizes[i % sizes.len()], i as u64),
+            )
+        })
+        .collect();
+    for (key, data) in &files {
+        put(&b, key, data.clone());
+    }
+    put(&b, "large/one", pattern((1 << 20) + 1, 99));
+    let count = |m: &Mount| {
+        (
+            m.count_requests("HeadObject"),
+            m.count_requests("GetObject"),
+            m.count_requests("ListObjectsV2"),
+        )
+    };
+    let read_all = |m: &Mount| {
+        for (key, data) in &files {
+            assert!(std::fs::read(m.join(key)).unwrap() == *data, "{key}");
+        }
+    };
+    // Listed first (os.listdir, then each file), then from a manifest on a fresh mount.
+    for listed in [true, false] {
+        // (Files small enough to be links are fetched by the listing, the rest by the open.)
+        let m = Mount::new(&b, &[]);
+        let before = count(&m);
+        if listed {
+            let n = std::fs::read_dir(m.join("ds")).unwrap().count();
+            assert_eq!(n, files.len());
+        }
+        read_all(&m);
+        let after = count(&m);
+        assert_eq!(after.0, before.0, "no HeadObject (listed: {listed})");
+        assert_eq!(after.1 - before.1, files.len(), "one GET per file");
+        if listed {
+            assert!(after.2 - before.2 <= 2, "the lookup of ds and its listing");
+        }
+        let stats = mount_stats(&m.path);
+        assert_eq!(stat_value(&stats, "whole_fetches"), files.len() as u64);
+        assert_eq!(stat_value(&stats, "whole_fetch_waste_bytes"), 0);
+        // A file over the bound: its stat is one HeadObject and no byte.
+        let before = count(&m);
+        let len = std::fs::metadata(m.join("large/one")).unwrap().len();
+        assert_eq!(len, (1 << 20) + 1);
+        let after = count(&m);
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0));
+    }
+    // Stat without reading, in a cache of 16 MiB: the files fetched whole and evicted unread
+    // are counted as waste, at most their bytes, and every one still reads right.
+    let keys: Vec<String> = (0..24).map(|i| format!("mib/f{i:02}")).collect();
+    put_many(&b, keys.clone(), &MIB);
+    let m = Mount::new(&b, &["--cache-size", "16MiB", "--read-part-size", "1MiB"]);
+    for key in &keys {
+        assert_eq!(std::fs::metadata(m.join(key)).unwrap().len(), 1 << 20);
+    }
+    let stats = mount_stats(&m.path);
+    assert_eq!(stat_value(&stats, "whole_fetches"), keys.len() as u64);
+    let waste = stat_value(&stats, "whole_fetch_waste_bytes");
+    assert!(waste >= 8 << 20 && waste <= 24 << 20, "waste {waste}");
+    for key in &keys {
+        assert!(std::fs::read(m.join(key)).unwrap() == MIB, "{key}");
+    }
+}
+
+/// A 1 MiB body: a small file at the bound.
+static MIB: [u8; 1 << 20] = [7u8; 1 << 20];
+
 // [S-READ-PINNED] [S-OPEN-FRESH]
 #[test]
 fn object_replaced_while_open_fails_old_handle_and_reopen_sees_new() {

@@ -46,7 +46,7 @@ fn read_all(fx: &Fx, files: &[(String, Vec<u8>)]) {
     }
 }
 
-// [S-READ-SMALL]
+// [S-READ-WHOLE]
 #[test]
 fn a_small_file_read_costs_one_get_after_a_listing_and_without_one() {
     let fx = Fx::with_config(defaults());
@@ -78,7 +78,7 @@ fn a_small_file_read_costs_one_get_after_a_listing_and_without_one() {
     );
 }
 
-// [S-READ-SMALL]
+// [S-READ-WHOLE]
 #[test]
 fn a_second_epoch_transfers_nothing_again_and_trusted_metadata_asks_nothing() {
     let fx = Fx::with_config(defaults());
@@ -122,7 +122,7 @@ fn a_second_epoch_transfers_nothing_again_and_trusted_metadata_asks_nothing() {
     assert_eq!(counts(&fx), before, "the second epoch asks nothing");
 }
 
-// [S-READ-SMALL]
+// [S-READ-WHOLE]
 #[test]
 fn a_stat_never_fetches_a_large_object_and_a_get_answers_as_a_head_does() {
     let fx = Fx::with_config(defaults());
