@@ -1,9 +1,10 @@
 //! The page cache: blocks of the pinned, registered arena, keyed by (key, ETag, block number).
 //!
 //! A block is one read part of an object (`--read-part-size`) or less at its end, so a small
-//! file is one block of its own size. Space is allocated in units of 64 KiB (`space.rs`: a
+//! file is one block of its own size. Space is allocated in units of 16 KiB (`space.rs`: a
 //! buddy allocator, runs aligned to their length), so a 16 KiB file takes one unit and a
-//! 256 KiB file four, not a whole part: a 1 GiB cache holds 4,096 such files, not 128. Eviction
+//! 256 KiB file sixteen, not a whole part: a 1 GiB cache holds 65,536 and 4,096 such files,
+//! not 128. Eviction
 //! frees runs until one of the needed length is free; a victim smaller than that run takes the
 //! idle entries around it in the same aligned run along (a part of a large file displaces at
 //! most one part's worth of small files).
@@ -622,7 +623,7 @@ impl Inner {
             probation_clock: 0,
             behind_clock: BEHIND,
             clock: IN_USE,
-            sketch: Sketch::new(units.min(parts.saturating_mul(16))),
+            sketch: Sketch::new(units.min(parts.saturating_mul(64))),
         }
     }
 
@@ -1058,7 +1059,7 @@ mod space_tests {
     use s3rdma_client::testing::{MemStore, Op};
 
     const PART: usize = 1 << 20;
-    const UNIT: usize = 64 << 10;
+    const UNIT: usize = 16 << 10;
 
     fn setup(parts: usize) -> (tokio::runtime::Runtime, MemStore, Arc<Cache<MemStore>>) {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1109,16 +1110,16 @@ mod space_tests {
         for (n, e, d) in &files {
             read(&rt, &cache, n, e, 0, d);
         }
-        assert_eq!(cache.used(), (40 * UNIT as u64, 40), "one 64 KiB unit each");
+        assert_eq!(cache.used(), (40 * UNIT as u64, 40), "one 16 KiB unit each");
         for (n, e, d) in &files {
             read(&rt, &cache, n, e, 0, d);
         }
         assert_eq!(store.requests(Op::Get), 40, "the second pass is all hits");
-        // 200 KiB takes a run of 4 units.
+        // 200 KiB takes a run of 16 units (256 KiB).
         let mid = body(200 << 10, 1);
         let e = store.put_external("mid", &mid);
         read(&rt, &cache, "mid", &e, 0, &mid);
-        assert_eq!(cache.used().0, 44 * UNIT as u64);
+        assert_eq!(cache.used().0, 56 * UNIT as u64);
     }
 
     #[test]
@@ -1191,7 +1192,11 @@ mod space_tests {
             "the read was served from the fetch"
         );
         assert_eq!(cache.stats.whole_fetches.load(Ordering::Relaxed), 1);
-        assert_eq!(cache.used(), (UNIT as u64, 1), "shrunk to its size");
+        assert_eq!(
+            cache.used(),
+            (2 * UNIT as u64, 1),
+            "shrunk to the run that holds it"
+        );
         // A new version: fetched again, under its own ETag; the old block is never served
         // for it.
         let v2 = body(20 << 10, 4);

@@ -1,9 +1,9 @@
 //! The page cache's free space: a buddy allocator over the arena's units.
 //!
 //! The arena is cut into read parts (`--read-part-size`, 8 MiB by default), each part into
-//! `2^top` units (64 KiB by default). An entry takes a run of `2^order` units aligned to its own
+//! `2^top` units (16 KiB by default). An entry takes a run of `2^order` units aligned to its own
 //! length, so a small file takes space near its size (a 16 KiB file one unit, a 256 KiB file
-//! four) while a part of a large file still takes one whole, aligned part: one contiguous RDMA
+//! sixteen) while a part of a large file still takes one whole, aligned part: one contiguous RDMA
 //! window inside one registered slab. A freed run merges with its free buddy, up to a whole
 //! part, so space never stays cut into pieces nobody asks for.
 //!
@@ -107,10 +107,10 @@ pub fn unit_for(part: usize) -> (usize, u32) {
 }
 
 /// The smallest unit of cache space: what a file of a few KiB costs.
-pub const MIN_UNIT: usize = 64 << 10;
+pub const MIN_UNIT: usize = 16 << 10;
 
-/// At most this many halvings of a read part (an 8 MiB part gives 64 KiB units).
-const MAX_SPLIT: u32 = 7;
+/// At most this many halvings of a read part (an 8 MiB part gives 16 KiB units).
+const MAX_SPLIT: u32 = 9;
 
 #[cfg(test)]
 mod tests {
@@ -118,10 +118,11 @@ mod tests {
 
     #[test]
     fn units_for_part_sizes() {
-        assert_eq!(unit_for(8 << 20), (64 << 10, 7));
-        assert_eq!(unit_for(1 << 20), (64 << 10, 4));
-        assert_eq!(unit_for(64 << 10), (64 << 10, 0));
-        assert_eq!(unit_for(5 << 20), (80 << 10, 6));
+        assert_eq!(unit_for(8 << 20), (16 << 10, 9));
+        assert_eq!(unit_for(1 << 20), (16 << 10, 6));
+        assert_eq!(unit_for(64 << 10), (16 << 10, 2));
+        assert_eq!(unit_for(16 << 10), (16 << 10, 0));
+        assert_eq!(unit_for(5 << 20), (20 << 10, 8));
         // Not a whole number of pages once halved: one unit per part, as before.
         assert_eq!(unit_for(1_000_000), (1_000_000, 0));
         assert_eq!(order_for(1, 64 << 10), 0);
