@@ -415,7 +415,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                     Told::Ready(attr, _) => attr,
                     Told::Gone => continue,
                     // Told when the kernel asks from here.
-                    Told::Unknown(..) => break,
+                    Told::Unknown => break,
                 };
                 if reply.add(attr.ino, i as u64 + 1, attr.kind, &e.name) {
                     break;
@@ -445,7 +445,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                     Told::Ready(attr, inode) => (attr, inode),
                     Told::Gone => continue,
                     // Told when the kernel asks from here.
-                    Told::Unknown(..) => break,
+                    Told::Unknown => break,
                 };
                 let ttl = self.ns.listings.remaining(e.at, now);
                 // The kernel counts each entry but `.` and `..` (until FORGET): counted before

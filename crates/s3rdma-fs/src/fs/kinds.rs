@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::inode::{Inode, Stat};
-use super::{names, parallel, small, DirOut, FsResult, S3Fs, Told};
+use super::{names, parallel, DirOut, FsResult, S3Fs, Told};
 use s3rdma_client::{ObjectStore, S3ErrorKind};
 
 /// HeadObject requests one directory keeps in flight.
@@ -47,15 +47,9 @@ impl<S: ObjectStore> S3Fs<S> {
         ahead: usize,
     ) -> FsResult<()> {
         let end = from.saturating_add(ahead).min(out.entries.len());
-        let todo: Vec<(usize, String, (u64, String))> = (from.min(end)..end)
-            .filter_map(|i| match &out.entries[i].told {
-                Told::Unknown(size, etag) => Some((
-                    i,
-                    names::child_key(dir.key(), &out.entries[i].name),
-                    (*size, etag.clone()),
-                )),
-                _ => None,
-            })
+        let todo: Vec<(usize, String)> = (from.min(end)..end)
+            .filter(|&i| matches!(out.entries[i].told, Told::Unknown))
+            .map(|i| (i, names::child_key(dir.key(), &out.entries[i].name)))
             .collect();
         if todo.is_empty() {
             return Ok(());
@@ -63,14 +57,14 @@ impl<S: ObjectStore> S3Fs<S> {
         self.counters
             .listing_heads
             .fetch_add(todo.len() as u64, Ordering::Relaxed);
-        let (s3, cache) = (self.s3.clone(), self.cache.clone());
+        let s3 = self.s3.clone();
         let answers = self.rt.block_on(parallel::map_bounded(
             todo,
             HEADS_AT_ONCE,
-            move |(i, key, last)| {
-                let (s3, cache) = (s3.clone(), cache.clone());
+            move |(i, key)| {
+                let s3 = s3.clone();
                 async move {
-                    let r = small::ask_file(&cache, &s3, &key, Some((last.0, &last.1))).await;
+                    let r = s3.head(&key).await;
                     (i, r, Instant::now())
                 }
             },

@@ -10,11 +10,12 @@
 //! when it is the whole object, lands in the page cache as the block of that ETag, so the
 //! reads that follow need no request (`Cache::fetch_first`).
 //!
-//! What this costs a file nobody reads (a `stat` of a path not listed before, `ls -l` of links
-//! and tiny files) is its bytes, at most `WHOLE_MAX`, counted in `whole_fetch_waste_bytes`
-//! once evicted unread. A larger object is never fetched by a `stat`: it is asked about with
-//! HeadObject, and one that grew past the bound since it was last seen costs the first
-//! `WHOLE_MAX` bytes (counted too).
+//! A listing's questions about the types of its entries (`kinds`) stay HeadObject: a listing
+//! is not a read (`ls -l` of 10,000 objects of 1 KiB took 3.0 s so, 4.2 s with GETs). What
+//! this costs a file nobody reads (a `stat` of a path not listed before) is its bytes, at most
+//! `WHOLE_MAX`, counted in `whole_fetch_waste_bytes` once evicted unread. A larger object is
+//! never fetched by a `stat`: it is asked about with HeadObject, and one that grew past the
+//! bound since it was last seen costs the first `WHOLE_MAX` bytes (counted too).
 
 use std::sync::Arc;
 

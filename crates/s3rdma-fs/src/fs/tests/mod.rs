@@ -313,7 +313,7 @@ impl Fx {
                                     inode.is_some(),
                                 )),
                                 super::Told::Gone => continue,
-                                super::Told::Unknown(..) => break,
+                                super::Told::Unknown => break,
                             }
                         }
                         page
