@@ -90,7 +90,7 @@ fn empty_and_tiny_files() {
 #[test]
 fn a_dataset_of_small_files_costs_one_get_per_file_and_a_stat_wastes_a_bounded_amount() {
     let b = bucket("whole");
-    // Sizes around the cache's 64 KiB unit and the 1 MiB bound.
+    // Sizes around the cache's units (16 KiB by default) and the 1 MiB bound.
     let sizes = [1usize, 100, 4096, 65536, 65537, 256 << 10, 1 << 20];
     let files: Vec<(String, Vec<u8>)> = (0..42)
         .map(|i| {
