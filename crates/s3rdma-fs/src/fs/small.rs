@@ -42,6 +42,11 @@ pub(super) async fn ask_file<S: ObjectStore>(
             })
     });
     let whole = whole.map(|(size, _)| size);
+    let op = if whole.is_some() {
+        "GetObject"
+    } else {
+        "HeadObject"
+    };
     let (cache, s3, owned) = (cache.clone(), s3.clone(), key.to_string());
     // A task of the runtime, beside the connection that carries the request: the answer's
     // frames then pass between tasks of the I/O threads, and only the finished answer wakes
@@ -57,7 +62,7 @@ pub(super) async fn ask_file<S: ObjectStore>(
         Ok(answer) => answer,
         Err(e) => Err(S3Error::new(
             S3ErrorKind::Other,
-            "HeadObject",
+            op,
             key,
             format!("the request's task ended early: {e}"),
         )),
