@@ -216,6 +216,8 @@ struct NsState {
     dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
+    /// The small file last found by a lookup in each directory (see `small`).
+    siblings: small::Siblings,
     /// When pinned inodes were last tried again.
     forget_retried: Mutex<Instant>,
     /// Held across an extended attribute change: each rewrites the file's whole set.
@@ -300,6 +302,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 local_dirs: Mutex::new(Default::default()),
                 dir_attrs: Mutex::new(HashMap::new()),
                 exact_probes: AtomicBool::new(false),
+                siblings: small::Siblings::new(),
                 forget_retried: Mutex::new(Instant::now()),
                 xattr_change: Mutex::new(()),
             },
@@ -500,31 +503,61 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.negative_hit(&key) || self.known_absent(&p, name, now)? {
             return Err(Errno::ENOENT);
         }
-        // A name last seen as a file (in a listing, or an earlier lookup) is most likely still
-        // one: HeadObject alone answers it, stored attributes included. Anything else (gone,
-        // or turned into a directory) is left to the full probe.
-        if self.cfg.file_metadata {
-            if let Some(child) = self.inodes.child(parent, name) {
-                if child.kind != Kind::Dir {
-                    if let Ok(info) = self.rt.block_on(self.ask_file(&child)) {
-                        let stat = Stat::from(&info);
-                        // A file that turned out to be a symbolic link (or back): a new inode.
-                        let kind = Kind::of_object(stat.meta.as_ref());
-                        let child = if kind == child.kind {
-                            child
-                        } else {
-                            self.inodes
-                                .upsert_child(parent, name, kind, child.key().to_string())
-                        };
-                        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                        return Ok((child, stat));
-                    }
-                }
-            }
+        if let Some(found) = self.recheck_file(parent, name, now) {
+            return Ok(found);
         }
+        self.probe_name(parent, name, key, now)
+    }
+
+    /// A name last seen as a file (in a listing, or an earlier lookup) is most likely still
+    /// one: HeadObject alone answers it, stored attributes included (or the GET of a small
+    /// one, see `small`). Anything else (gone, or turned into a directory) is left to the full
+    /// probe (`None`).
+    fn recheck_file(&self, parent: u64, name: &str, now: Instant) -> Option<(Arc<Inode>, Stat)> {
+        if !self.cfg.file_metadata {
+            return None;
+        }
+        let child = self.inodes.child(parent, name)?;
+        if child.kind == Kind::Dir {
+            return None;
+        }
+        let info = self.rt.block_on(self.ask_file(&child)).ok()?;
+        let stat = Stat::from(&info);
+        // A file that turned out to be a symbolic link (or back): a new inode.
+        let kind = Kind::of_object(stat.meta.as_ref());
+        let child = if kind == child.kind {
+            child
+        } else {
+            self.inodes
+                .upsert_child(parent, name, kind, child.key().to_string())
+        };
+        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        Some((child, stat))
+    }
+
+    /// Ask S3 what `name` (key `key`) in `parent` is: the probe, with the GET of a file like
+    /// the last one found there sent beside it (see `small`).
+    fn probe_name(
+        &self,
+        parent: u64,
+        name: &str,
+        key: String,
+        now: Instant,
+    ) -> FsResult<(Arc<Inode>, Stat)> {
         let dir_prefix = names::dir_prefix_of(&key);
+        // (Exact probes send HeadObject beside their listing already.)
+        let ahead = self.cfg.file_metadata && !self.ns.exact_probes.load(Ordering::Relaxed);
+        let sibling = ahead.then(|| self.ns.siblings.last(parent)).flatten();
+        let beside = sibling.map(|size| small::fetch_beside(&self.rt, &self.cache, &key, size));
         let probe = self.rt.block_on(self.probe(&key, &dir_prefix));
+        // Its answer, when it is one (a 404 or a failure says nothing the probe does not).
+        let beside = beside.and_then(|task| {
+            let answer = self.rt.block_on(small::joined(task, "GetObject", &key));
+            answer.ok()
+        });
         let probe = probe.map_err(|e| self.fail("lookup", &e))?;
+        let file_size = probe.file.as_ref().filter(|_| !probe.dir).map(|f| f.size);
+        self.ns.siblings.found(parent, file_size);
         // A directory wins over a file of the same name.
         if probe.dir {
             if probe.file.is_some() {
@@ -538,18 +571,40 @@ impl<S: ObjectStore> S3Fs<S> {
             return Ok((child, stat));
         }
         match probe.file {
-            Some(info) => {
-                let known = self.inodes.child(parent, name);
-                let mut stat =
-                    Stat::from(&info).inherit(known.and_then(|c| c.last_stat()).as_ref());
-                if stat.meta.is_none() && self.cfg.file_metadata {
-                    // A listing does not carry the stored attributes: ask for them once per
-                    // version (rsync's quick check needs the mtime it set; a symbolic link
-                    // is known by its mode).
+            Some(info) => self.found_file(parent, name, key, info, beside, now),
+            None => {
+                if let Some(child) = self.inodes.child(parent, name) {
+                    child.invalidate();
+                }
+                self.remember_missing(key);
+                Err(Errno::ENOENT)
+            }
+        }
+    }
+
+    /// The probe found file `info` at `key`; `beside` is the answer of a GET sent with it.
+    fn found_file(
+        &self,
+        parent: u64,
+        name: &str,
+        key: String,
+        info: s3rdma_client::ObjectInfo,
+        beside: Option<s3rdma_client::ObjectInfo>,
+        now: Instant,
+    ) -> FsResult<(Arc<Inode>, Stat)> {
+        let known = self.inodes.child(parent, name);
+        let mut stat = Stat::from(&info).inherit(known.and_then(|c| c.last_stat()).as_ref());
+        if stat.meta.is_none() && self.cfg.file_metadata {
+            // A listing does not carry the stored attributes: ask for them once per version
+            // (rsync's quick check needs the mtime it set; a symbolic link is known by its
+            // mode), unless the GET sent beside the probe answered for this very version.
+            let head = match beside.filter(|b| b.etag == info.etag) {
+                Some(head) => head,
+                None => {
                     let last = Some((info.size, info.etag.as_str()));
                     let asked = small::ask_file(&self.cache, &self.s3, &key, last);
                     match self.rt.block_on(asked) {
-                        Ok(head) => stat = Stat::from(&head),
+                        Ok(head) => head,
                         Err(e) if e.kind == S3ErrorKind::NotFound => {
                             if let Some(c) = self.inodes.child(parent, name) {
                                 c.invalidate();
@@ -559,19 +614,13 @@ impl<S: ObjectStore> S3Fs<S> {
                         Err(e) => return Err(self.fail("lookup", &e)),
                     }
                 }
-                let kind = Kind::of_object(stat.meta.as_ref());
-                let child = self.inodes.upsert_child(parent, name, kind, key);
-                child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                Ok((child, stat))
-            }
-            None => {
-                if let Some(child) = self.inodes.child(parent, name) {
-                    child.invalidate();
-                }
-                self.remember_missing(key);
-                Err(Errno::ENOENT)
-            }
+            };
+            stat = Stat::from(&head);
         }
+        let kind = Kind::of_object(stat.meta.as_ref());
+        let child = self.inodes.upsert_child(parent, name, kind, key);
+        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        Ok((child, stat))
     }
 
     /// Whether `name` is missing from directory `p` as far as this mount knows without asking

@@ -16,8 +16,20 @@
 //! `WHOLE_MAX`, counted in `whole_fetch_waste_bytes` once evicted unread. A larger object is
 //! never fetched by a `stat`: it is asked about with HeadObject, and one that grew past the
 //! bound since it was last seen costs the first `WHOLE_MAX` bytes (counted too).
+//!
+//! A name never seen (a path from a manifest, in a directory not listed) is asked about with
+//! one listing (`probe`), which says whether it is a file or a directory, and only then could
+//! the GET be sent: two round trips before the first byte, where a bare GET takes one. So in a
+//! directory whose last name looked up was a small file ([`Siblings`]), the lookup sends the
+//! GET beside the listing, sized for twice that sibling (at most `WHOLE_MAX`): a dataset's
+//! files are alike. When the listing says it is that file at that ETag, the GET is its answer
+//! and its bytes are cached; when it says otherwise (a directory, nothing, a larger file) the
+//! GET was one request and a bounded transfer in vain (counted as waste when evicted unread),
+//! and the directory sends no GET beside its next lookup until a small file is found there.
 
 use std::sync::Arc;
+
+use tokio::task::JoinHandle;
 
 use crate::cache::{BlockKey, Cache};
 use s3rdma_client::{ObjectInfo, ObjectStore, S3Error, S3ErrorKind};
@@ -48,16 +60,37 @@ pub(super) async fn ask_file<S: ObjectStore>(
         "HeadObject"
     };
     let (cache, s3, owned) = (cache.clone(), s3.clone(), key.to_string());
-    // A task of the runtime, beside the connection that carries the request: the answer's
-    // frames then pass between tasks of the I/O threads, and only the finished answer wakes
-    // the FUSE thread that waits for it (polled on that thread, each frame would: a quarter
-    // more context switches and 10 % more CPU per small file, measured).
     let task = tokio::spawn(async move {
         match whole {
             Some(size) => cache.fetch_first(&owned, WHOLE_MAX as usize, size).await,
             None => s3.head(&owned).await,
         }
     });
+    joined(task, op, key).await
+}
+
+/// Sends a GET of the first bytes of `key` (room for twice `sibling`, at most `WHOLE_MAX`)
+/// now, beside a lookup's listing (see above); its answer is awaited with [`joined`].
+pub(super) fn fetch_beside<S: ObjectStore>(
+    rt: &tokio::runtime::Handle,
+    cache: &Arc<Cache<S>>,
+    key: &str,
+    sibling: u64,
+) -> JoinHandle<Result<ObjectInfo, S3Error>> {
+    let (cache, owned) = (cache.clone(), key.to_string());
+    let room = sibling.saturating_mul(2).min(WHOLE_MAX);
+    rt.spawn(async move { cache.fetch_first(&owned, room as usize, room).await })
+}
+
+/// The answer of a request sent as a task of the runtime, beside the connection that carries
+/// it: the answer's frames then pass between tasks of the I/O threads, and only the finished
+/// answer wakes the FUSE thread that waits for it (polled on that thread, each frame would: a
+/// quarter more context switches and 10 % more CPU per small file, measured).
+pub(super) async fn joined(
+    task: JoinHandle<Result<ObjectInfo, S3Error>>,
+    op: &'static str,
+    key: &str,
+) -> Result<ObjectInfo, S3Error> {
     match task.await {
         Ok(answer) => answer,
         Err(e) => Err(S3Error::new(
@@ -66,5 +99,31 @@ pub(super) async fn ask_file<S: ObjectStore>(
             key,
             format!("the request's task ended early: {e}"),
         )),
+    }
+}
+
+/// The most directories whose last file found is remembered.
+const SIBLING_DIRS: u64 = 4096;
+
+/// For each directory, the size of the small file its last lookup found (none after a lookup
+/// there found a directory, nothing, or a file larger than `WHOLE_MAX`).
+pub(super) struct Siblings(moka::sync::Cache<u64, u64>);
+
+impl Siblings {
+    pub fn new() -> Self {
+        Siblings(moka::sync::Cache::new(SIBLING_DIRS))
+    }
+
+    /// The size of the small file last found in directory `dir`.
+    pub fn last(&self, dir: u64) -> Option<u64> {
+        self.0.get(&dir)
+    }
+
+    /// A lookup in `dir` found a file of `size` (`None`: no file).
+    pub fn found(&self, dir: u64, size: Option<u64>) {
+        match size.filter(|s| (1..=WHOLE_MAX).contains(s)) {
+            Some(s) => self.0.insert(dir, s),
+            None => self.0.invalidate(&dir),
+        }
     }
 }

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use s3rdma_client::testing::Op;
+use fuser::{Errno, FileType};
+use s3rdma_client::testing::{Fault, Op};
 use s3rdma_client::{FileMeta, ObjectStore};
 
 use super::{strict_config, Fx};
@@ -168,4 +169,82 @@ fn a_stat_never_fetches_a_large_object_and_a_get_answers_as_a_head_does() {
     let n = counts(&fx);
     assert_eq!(fx.read("small").unwrap(), vec![2u8; 3000]);
     assert_eq!(counts(&fx).1, n.1);
+}
+
+// [S-READ-AHEAD-GET]
+#[test]
+fn in_a_directory_of_small_files_the_get_goes_beside_the_lookups_listing() {
+    let fx = Fx::with_config(defaults());
+    let files = dataset(&fx);
+    let fx = fx.remount();
+    // The first name of a directory: the listing, then the GET.
+    read_all(&fx, &files[..1]);
+    // The next listing stalls: the GET of the next file is sent while it does.
+    fx.store
+        .inject(Some(Op::List), Fault::Stall(Duration::from_secs(3)), 1, 1);
+    let gets = fx.store.requests(Op::Get);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| read_all(&fx, &files[1..2]));
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while fx.store.requests(Op::Get) == gets && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            fx.store.requests(Op::Get) > gets && !reader.is_finished(),
+            "the GET was sent while the listing was under way"
+        );
+    });
+    // Still one GET and no HeadObject per file.
+    let before = counts(&fx);
+    read_all(&fx, &files[2..]);
+    let after = counts(&fx);
+    assert_eq!(after.0 - before.0, 0, "no HeadObject");
+    assert_eq!(after.1 - before.1, (FILES - 2) as u64, "one GET per file");
+}
+
+// [S-READ-AHEAD-GET]
+#[test]
+fn a_get_beside_a_lookup_costs_one_request_and_a_bounded_transfer_when_it_misses() {
+    let fx = Fx::with_config(defaults());
+    for name in ["s1", "s2", "s3"] {
+        fx.mem().put_external(&format!("d/{name}"), &[1u8; 3000]);
+    }
+    fx.mem().put_external("d/big", &vec![2u8; 3 << 20]);
+    fx.mem().put_external("d/sub/x", b"x");
+    let fx = fx.remount();
+    let waste = || {
+        fx.fs
+            .cache
+            .stats
+            .whole_fetch_waste
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let gets = |fx: &Fx| counts(fx).1;
+    fx.stat("d/s1").unwrap();
+    // A missing name after a small file: one GET in vain; the next asks with the listing only.
+    let before = gets(&fx);
+    assert_eq!(fx.stat("d/none").unwrap_err(), Errno::ENOENT);
+    assert_eq!(gets(&fx) - before, 1);
+    let before = gets(&fx);
+    assert_eq!(fx.stat("d/none2").unwrap_err(), Errno::ENOENT);
+    assert_eq!(gets(&fx), before, "no GET after a miss");
+    // A directory after a small file: the same.
+    fx.stat("d/s2").unwrap();
+    let before = gets(&fx);
+    assert_eq!(fx.stat("d/sub").unwrap().kind, FileType::Directory);
+    assert_eq!(gets(&fx) - before, 1);
+    // A large file after a small one: at most twice the sibling's size transferred, counted
+    // as waste, and its attributes are right.
+    fx.stat("d/s3").unwrap();
+    let (before, wasted) = (gets(&fx), waste());
+    let big = fx.stat("d/big").unwrap();
+    assert_eq!(big.size, 3 << 20);
+    assert_eq!(gets(&fx) - before, 1);
+    assert!(waste() > wasted);
+    assert!(
+        waste() - wasted <= 6000,
+        "{} bytes wasted",
+        waste() - wasted
+    );
+    assert_eq!(fx.read("d/big").unwrap(), vec![2u8; 3 << 20]);
 }
