@@ -4,7 +4,9 @@
 //! - [`cache`]: the page cache (arena, pinned and registered for RDMA; admission, eviction).
 //! - [`read`]: object readers (ETag-pinned ranged GETs, read-ahead).
 //! - [`upload`]: the write pool and streaming multipart uploads.
+//! - [`stage`]: staged files (edits, appends, truncation, writable `mmap`) in a local area.
 //! - [`diskcache`]: the local disk cache served by FUSE passthrough.
+//! - [`dirlock`]: one mount per local directory (an exclusive `flock`).
 //! - [`fs`]: the filesystem logic (inodes, namespace, open files) and its FUSE adapter.
 
 pub mod cache;

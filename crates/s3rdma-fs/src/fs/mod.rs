@@ -216,7 +216,7 @@ struct NsState {
     dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
-    /// The small file last found by a lookup in each directory (see `small`).
+    /// The largest small file found by lookups in each directory (see `small`).
     siblings: small::Siblings,
     /// When pinned inodes were last tried again.
     forget_retried: Mutex<Instant>,
@@ -366,7 +366,6 @@ impl<S: ObjectStore> S3Fs<S> {
         }
     }
 
-    /// Stored attributes win over the mount's defaults; a file's ctime is S3's Last-Modified.
     /// The attributes of an entry the kernel is being handed (it counts the entry until it
     /// forgets it: see `forget`).
     fn entry(&self, inode: &Arc<Inode>, stat: &Stat) -> FileAttr {
@@ -374,6 +373,8 @@ impl<S: ObjectStore> S3Fs<S> {
         self.attr(inode, stat)
     }
 
+    /// The attributes of `inode`: stored attributes win over the mount's defaults; a file's
+    /// ctime is S3's Last-Modified.
     fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
         // Attributes set here and not written back yet show at once.
         let overlaid = self.attrs.overlay(inode, stat);
@@ -547,7 +548,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let dir_prefix = names::dir_prefix_of(&key);
         // (Exact probes send HeadObject beside their listing already.)
         let ahead = self.cfg.file_metadata && !self.ns.exact_probes.load(Ordering::Relaxed);
-        let sibling = ahead.then(|| self.ns.siblings.last(parent)).flatten();
+        let sibling = ahead.then(|| self.ns.siblings.largest(parent)).flatten();
         let beside = sibling.map(|size| small::fetch_beside(&self.rt, &self.cache, &key, size));
         let probe = self.rt.block_on(self.probe(&key, &dir_prefix));
         // Its answer, when it is one (a 404 or a failure says nothing the probe does not).

@@ -4,9 +4,9 @@
 //! `dir/` marker, unless `--no-dir-markers`) until keys exist under it; a file rename is a
 //! server-side copy conditional on the source's ETag, then a delete of the source; a
 //! directory rename moves every key under it (see `dirrename`). Mode, owner, mtime and user
-//! extended attributes of a file are stored as user metadata (see `s3rdma_client::meta`), by a copy of the object onto
-//! itself when the file is already stored; a directory's are kept in memory for the life of
-//! the mount.
+//! extended attributes of a file are stored as user metadata (see `s3rdma_client::meta`), by
+//! a copy of the object onto itself when the file is already stored; a directory's are kept in
+//! memory for the life of the mount.
 
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -479,8 +479,9 @@ impl<S: ObjectStore> S3Fs<S> {
     /// `setattr`. Files: mode, owner and mtime are stored as user metadata — with the upload
     /// for a file being written, else by a copy of the object onto itself (conditional on its
     /// ETag); `truncate` to 0 stores an empty object, to the current size of a file being
-    /// written does nothing, anything else fails with EOPNOTSUPP. Directories: kept in memory
-    /// for the life of the mount. atime is not kept (the mount is noatime).
+    /// written does nothing, to any other size stages the file (see `staged`; EOPNOTSUPP on a
+    /// mount that cannot stage). Directories: kept in memory for the life of the mount. atime
+    /// is not kept (the mount is noatime).
     pub(super) fn do_setattr(&self, ino: u64, set: SetAttr) -> FsResult<FileAttr> {
         let _ns = self.ns_change();
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;

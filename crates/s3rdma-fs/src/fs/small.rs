@@ -21,11 +21,13 @@
 //! one listing (`probe`), which says whether it is a file or a directory, and only then could
 //! the GET be sent: two round trips before the first byte, where a bare GET takes one. So in a
 //! directory whose last name looked up was a small file ([`Siblings`]), the lookup sends the
-//! GET beside the listing, sized for twice that sibling (at most `WHOLE_MAX`): a dataset's
-//! files are alike. When the listing says it is that file at that ETag, the GET is its answer
-//! and its bytes are cached; when it says otherwise (a directory, nothing, a larger file) the
-//! GET was one request and a bounded transfer in vain (counted as waste when evicted unread),
-//! and the directory sends no GET beside its next lookup until a small file is found there.
+//! GET beside the listing, with room for twice the largest small file found there in a row
+//! (at most `WHOLE_MAX`): a dataset's files are alike. When the listing says it is that file
+//! at that ETag, the GET is its answer, and its bytes are cached when they are the whole file
+//! (a larger one is read as usual: one GET more). When the listing says otherwise (a
+//! directory, nothing) the GET was one request and a bounded transfer in vain (counted as
+//! waste), and the directory sends no GET beside its next lookup until a small file is found
+//! there.
 
 use std::sync::Arc;
 
@@ -105,8 +107,8 @@ pub(super) async fn joined(
 /// The most directories whose last file found is remembered.
 const SIBLING_DIRS: u64 = 4096;
 
-/// For each directory, the size of the small file its last lookup found (none after a lookup
-/// there found a directory, nothing, or a file larger than `WHOLE_MAX`).
+/// For each directory, the largest small file found by its lookups since the last one that
+/// found something else (a directory, nothing, or a file larger than `WHOLE_MAX`).
 pub(super) struct Siblings(moka::sync::Cache<u64, u64>);
 
 impl Siblings {
@@ -114,14 +116,15 @@ impl Siblings {
         Siblings(moka::sync::Cache::new(SIBLING_DIRS))
     }
 
-    /// The size of the small file last found in directory `dir`.
-    pub fn last(&self, dir: u64) -> Option<u64> {
+    /// The size of the largest small file found in a row in directory `dir`.
+    pub fn largest(&self, dir: u64) -> Option<u64> {
         self.0.get(&dir)
     }
 
     /// A lookup in `dir` found a file of `size` (`None`: no file).
     pub fn found(&self, dir: u64, size: Option<u64>) {
         match size.filter(|s| (1..=WHOLE_MAX).contains(s)) {
+            Some(s) if self.0.get(&dir).is_some_and(|l| l >= s) => {}
             Some(s) => self.0.insert(dir, s),
             None => self.0.invalidate(&dir),
         }
