@@ -15,7 +15,7 @@
 //! goes into the binary as an RPATH (`--disable-new-dtags`), not a RUNPATH: a RUNPATH covers
 //! only the binary's own dependencies, and libcuobjclient's own `libcufile.so.0` would not be
 //! found. A library's build script cannot give link arguments to the binaries that use it, so
-//! the directory is passed on as `DEP_S3RDMA_CUOBJ_RPATH` and `crates/s3rdma/build.rs` writes
+//! the directory is passed on as `DEP_S3RDMA_CUOBJ_RPATH` and the binary's `build.rs` writes
 //! it. An SDK whose symbolic links were flattened into text files is linked through a
 //! directory of real links in `OUT_DIR` (see [`runtime_dir`]).
 

@@ -4,7 +4,7 @@
 # from CUOBJ_HOME (default: ../shared/cuobject-sdk, the test fixture beside the checkout). It
 # checks that the binary starts with only the runtime packages (no LD_LIBRARY_PATH: an RPATH,
 # not a RUNPATH), reports the library and its limit, and never hangs on the client's
-# construction (cuobj-ffi's nvidia tests; crates/s3rdma/tests/integration/nvidia.rs). Needs
+# construction (cuobj-ffi's nvidia tests; tests/integration/nvidia.rs). Needs
 # what scripts/setup.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."

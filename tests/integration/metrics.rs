@@ -74,7 +74,7 @@ fn keep(port: u16, dir: &Path, files: &mut Vec<PathBuf>) -> String {
 }
 
 fn check(files: &[PathBuf]) {
-    let script = repo_root().join("crates/s3rdma/tests/integration/metrics_check.py");
+    let script = repo_root().join("tests/integration/metrics_check.py");
     let dashboard = repo_root().join("scripts/monitoring/s3rdma-dashboard.json");
     let out = Command::new("python3")
         .arg(script)

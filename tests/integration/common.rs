@@ -37,7 +37,7 @@ pub fn rt() -> &'static tokio::runtime::Runtime {
 }
 
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 pub fn work_dir() -> PathBuf {

@@ -5,8 +5,8 @@
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=../../.git/HEAD");
-    println!("cargo:rerun-if-changed=../../.git/refs/heads");
+    println!("cargo:rerun-if-changed=.git/HEAD");
+    println!("cargo:rerun-if-changed=.git/refs/heads");
     let commit = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()

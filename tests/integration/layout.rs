@@ -155,6 +155,7 @@ fn no_import_circle_between_the_modules_of_any_crate() {
         .map(|e| e.expect("entry").path())
         .collect();
     crates.push(root.join("cuobj-ffi"));
+    crates.push(root.clone());
     let mut checked = 0;
     for c in crates {
         let graph = module_graph(&c.join("src"));
@@ -202,6 +203,8 @@ fn the_daemon_links_no_http_server() {
     let manifest_of = |name: &str| -> PathBuf {
         if name == "cuobj-ffi" {
             root.join("cuobj-ffi/Cargo.toml")
+        } else if name == "s3rdma" {
+            root.join("Cargo.toml")
         } else {
             root.join("crates").join(name).join("Cargo.toml")
         }
@@ -226,4 +229,38 @@ fn the_daemon_links_no_http_server() {
         }
     }
     assert!(seen.contains("s3rdma-client") && seen.contains("s3rdma-proto"));
+}
+
+#[test]
+fn the_top_level_is_the_binary_package_and_the_libraries_are_under_crates() {
+    let root = repo_root();
+    for path in [
+        "Cargo.toml",
+        "build.rs",
+        "src/main.rs",
+        "src/lib.rs",
+        "tests/integration/main.rs",
+        "cuobj-ffi/Cargo.toml",
+        "scripts/test.sh",
+        "scripts/demo.sh",
+        "README.md",
+    ] {
+        assert!(
+            root.join(path).exists(),
+            "{path} is missing at the top level"
+        );
+    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        manifest.contains("[package]\nname = \"s3rdma\"") && manifest.contains("[workspace]"),
+        "the root manifest is both the workspace and the s3rdma package"
+    );
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/") {
+        let name = entry.expect("entry").file_name();
+        let name = name.to_string_lossy();
+        assert!(
+            name.starts_with("s3rdma-"),
+            "crates/{name}: a library's name"
+        );
+    }
 }
