@@ -1,4 +1,4 @@
-use clap::Parser;
+use s3rdma::cli::Invocation;
 
 fn main() {
     s3rdma_fs::limit_heap_arenas();
@@ -10,12 +10,11 @@ fn main() {
         );
         return;
     }
-    match args.get(1).map(String::as_str) {
-        Some("stats") => std::process::exit(s3rdma::stats::run(&args[2..])),
-        Some("warm") => std::process::exit(s3rdma::warm::run(&args[2..])),
-        _ => {}
-    }
-    let cli = s3rdma::cli::Cli::parse();
+    let cli = match s3rdma::cli::parse(args) {
+        Invocation::Stats(a) => std::process::exit(s3rdma::stats::run(&a)),
+        Invocation::Warm(a) => std::process::exit(s3rdma::warm::run(&a)),
+        Invocation::Mount(cli) => *cli,
+    };
     match s3rdma::cli::Settings::from_cli(cli) {
         Ok(settings) => s3rdma::mount::run(settings),
         Err(msg) => {

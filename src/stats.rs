@@ -4,21 +4,14 @@
 
 use std::ffi::CString;
 
+use crate::cli::StatsArgs;
+
 use s3rdma_proto::xattr::STATS as STATS_XATTR;
 
-const USAGE: &str = "usage: s3rdma stats [--watch] MOUNTPOINT   (the live counters of an s3rdma mount; --watch: every second, with the change per second)";
-
 /// Run the subcommand; returns the exit status.
-pub fn run(args: &[String]) -> i32 {
-    let (watch, mountpoint) = match args {
-        [m] if m != "--watch" => (false, m),
-        [w, m] | [m, w] if w == "--watch" && m != "--watch" => (true, m),
-        _ => {
-            eprintln!("{USAGE}");
-            return 2;
-        }
-    };
-    if watch {
+pub fn run(args: &StatsArgs) -> i32 {
+    let mountpoint = &args.mountpoint;
+    if args.watch {
         return watch_loop(mountpoint);
     }
     match read(mountpoint) {

@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 
 pub use s3rdma_proto::xattr::CACHED as CACHED_XATTR;
 
-const USAGE: &str = "usage: s3rdma warm [--jobs N] PATH...
-  Read every file under each PATH (a file or directory on an s3rdma mount with --cache-dir)
-  once, so that the mount's disk cache holds them; files already cached are skipped.
-  --jobs N   files read at once (default 8)";
+use crate::cli::WarmArgs;
 
 /// Whether the mount says the file is in its disk cache: Some(true/false), None if the file is
 /// not on an s3rdma mount with a disk cache.
@@ -132,31 +129,9 @@ fn read_through(path: &Path, progress: &Progress) -> std::io::Result<()> {
 }
 
 /// The `warm` command; returns the exit status.
-pub fn run(args: &[String]) -> i32 {
-    let mut jobs = 8usize;
-    let mut paths = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return 0;
-            }
-            "--jobs" | "-j" => match it.next().and_then(|v| v.parse().ok()) {
-                Some(n) if (1..=256).contains(&n) => jobs = n,
-                _ => {
-                    eprintln!("s3rdma warm: error: --jobs takes a number from 1 to 256\n{USAGE}");
-                    return 2;
-                }
-            },
-            _ => paths.push(PathBuf::from(a)),
-        }
-    }
-    if paths.is_empty() {
-        eprintln!("s3rdma warm: error: no PATH given\n{USAGE}");
-        return 2;
-    }
-    for p in &paths {
+pub fn run(args: &WarmArgs) -> i32 {
+    let (jobs, paths) = (usize::from(args.jobs), args.paths.as_slice());
+    for p in paths {
         if let Err(e) = std::fs::symlink_metadata(p) {
             eprintln!("s3rdma warm: error: {}: {e}", p.display());
             return 1;
@@ -171,7 +146,7 @@ pub fn run(args: &[String]) -> i32 {
     }
     let mut files = Vec::new();
     let mut errors = Vec::new();
-    for p in &paths {
+    for p in paths {
         walk(p, &mut files, &mut errors);
     }
     let (cached, todo): (Vec<_>, Vec<_>) = files

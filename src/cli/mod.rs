@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, CommandFactory, FromArgMatches, Parser};
 use fuser::MountOption;
 
 use s3rdma_client::{RdmaMode, S3Options};
@@ -44,6 +44,74 @@ Examples:
   s3rdma s3://my-bucket/ckpt/ /mnt/ckpt --endpoint-url http://127.0.0.1:8333 --force-path-style
   s3rdma my-bucket /mnt/data -o endpoint_url=http://127.0.0.1:8333,force_path_style,allow_other
   mount -t fuse.s3rdma my-bucket /mnt/data -o endpoint_url=http://127.0.0.1:8333,force_path_style";
+
+/// What the command line asks for: a mount (the default), or a subcommand.
+#[derive(Debug)]
+pub enum Invocation {
+    Mount(Box<Cli>),
+    Stats(StatsArgs),
+    Warm(WarmArgs),
+}
+
+/// Print the live counters of a mount (cache, S3 requests, RDMA, uploads, FUSE).
+#[derive(Args, Debug, Clone)]
+pub struct StatsArgs {
+    /// Print them every second, with the change per second of each
+    #[arg(long)]
+    pub watch: bool,
+
+    /// The root of an s3rdma mount
+    pub mountpoint: String,
+}
+
+/// Read every file under each PATH once, so that the mount's disk cache holds them (files
+/// already cached are skipped).
+#[derive(Args, Debug, Clone)]
+pub struct WarmArgs {
+    /// Files read at once, 1 to 256
+    #[arg(short, long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub jobs: u16,
+
+    /// Files or directories on an s3rdma mount with --cache-dir
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+}
+
+/// The whole command line: the mount's flags, and the subcommands beside them (a first
+/// argument that names one is that subcommand; a bucket of that name mounts as s3://NAME).
+pub fn command() -> clap::Command {
+    // (Each subcommand's text is its arguments' doc comment.)
+    let (stats, warm) = (clap::Command::new("stats"), clap::Command::new("warm"));
+    Cli::command()
+        .args_conflicts_with_subcommands(true)
+        .subcommand_negates_reqs(true)
+        .subcommand(StatsArgs::augment_args(stats))
+        .subcommand(WarmArgs::augment_args(warm))
+}
+
+/// Parse `args` (the program's name first), or exit with clap's message (and `--help`).
+pub fn parse<I, T>(args: I) -> Invocation
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    try_parse(args).unwrap_or_else(|e| e.exit())
+}
+
+/// As [`parse`], returning clap's error.
+pub fn try_parse<I, T>(args: I) -> Result<Invocation, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let m = command().try_get_matches_from(args)?;
+    Ok(match m.subcommand() {
+        Some(("stats", s)) => Invocation::Stats(StatsArgs::from_arg_matches(s)?),
+        Some(("warm", s)) => Invocation::Warm(WarmArgs::from_arg_matches(s)?),
+        _ => Invocation::Mount(Box::new(Cli::from_arg_matches(&m)?)),
+    })
+}
 
 /// Command-line arguments, as parsed by clap (before `-o` options are applied).
 #[derive(Parser, Debug, Clone, Default)]
@@ -842,6 +910,51 @@ mod tests {
     fn settings(args: &[&str]) -> Result<Settings, String> {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         Settings::from_cli(cli)
+    }
+
+    #[test]
+    fn subcommands_parse_beside_the_mount_and_each_has_its_help() {
+        let parse = |a: &[&str]| try_parse(a.iter().copied());
+        assert!(
+            matches!(parse(&["s3rdma", "b", "/mnt"]), Ok(Invocation::Mount(c)) if c.source == "b")
+        );
+        assert!(matches!(
+            parse(&["s3rdma", "s3://stats", "/mnt"]),
+            Ok(Invocation::Mount(c)) if c.source == "s3://stats"
+        ));
+        assert!(matches!(
+            parse(&["s3rdma", "stats", "--watch", "/mnt"]),
+            Ok(Invocation::Stats(StatsArgs { watch: true, .. }))
+        ));
+        assert!(matches!(
+            parse(&["s3rdma", "warm", "-j", "3", "/a", "/b"]),
+            Ok(Invocation::Warm(w)) if w.jobs == 3 && w.paths.len() == 2
+        ));
+        for help in [
+            &["s3rdma", "--help"][..],
+            &["s3rdma", "stats", "--help"],
+            &["s3rdma", "warm", "--help"],
+        ] {
+            let e = parse(help).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{help:?}");
+        }
+        let top = parse(&["s3rdma", "--help"]).unwrap_err().to_string();
+        assert!(top.contains("stats") && top.contains("warm"), "{top}");
+        let warm = parse(&["s3rdma", "warm", "--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            warm.contains("--jobs") && warm.contains("[default: 8]"),
+            "{warm}"
+        );
+        for bad in [
+            &["s3rdma", "warm"][..],
+            &["s3rdma", "warm", "-j", "0", "/a"],
+            &["s3rdma", "stats"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
     }
 
     #[test]
