@@ -1,4 +1,7 @@
-//! The command line: flags, the mount-helper `-o` form, and the resolved [`Settings`].
+//! The command line: flags, the mount-helper `-o` form (`options`), and the resolved
+//! [`Settings`].
+
+mod options;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +13,7 @@ use s3rdma_client::{RdmaMode, S3Options};
 use s3rdma_fs::fs::names;
 use s3rdma_fs::fs::FsConfig;
 use s3rdma_fs::read::ReadConfig;
-use s3rdma_proto::units::{parse_bool, parse_duration, parse_mode, parse_size, split_options};
+use s3rdma_proto::units::{parse_duration, parse_mode, parse_size};
 
 /// Version and commit, e.g. "0.1.0 (commit 1a2b3c4d5e6f)".
 pub const VERSION: &str = concat!(
@@ -84,19 +87,40 @@ pub fn command() -> clap::Command {
     // (Each subcommand's text is its arguments' doc comment.)
     let (stats, warm) = (clap::Command::new("stats"), clap::Command::new("warm"));
     Cli::command()
+        .args_override_self(true)
         .args_conflicts_with_subcommands(true)
         .subcommand_negates_reqs(true)
         .subcommand(StatsArgs::augment_args(stats))
         .subcommand(WarmArgs::augment_args(warm))
 }
 
-/// Parse `args` (the program's name first), or exit with clap's message (and `--help`).
+/// Parse `args` (the program's name first); `--help` and `--version` print and exit 0, a bad
+/// command line exits 2 with one line naming the problem.
 pub fn parse<I, T>(args: I) -> Invocation
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    try_parse(args).unwrap_or_else(|e| e.exit())
+    try_parse(args).unwrap_or_else(|e| {
+        if !e.use_stderr() {
+            e.exit()
+        }
+        eprintln!("s3rdma: error: {}", one_line(&e));
+        std::process::exit(2)
+    })
+}
+
+/// A clap error as one line: its message (up to the usage), and where to look.
+pub fn one_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let message: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let message = message.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    format!("{message} (see 's3rdma --help')")
 }
 
 /// As [`parse`], returning clap's error.
@@ -105,7 +129,16 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let m = command().try_get_matches_from(args)?;
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let mut cmd = command();
+    // The mount-helper form (`-o`) is the flags it spells; subcommands take none.
+    let sub = args.get(1).is_some_and(|a| a == "stats" || a == "warm");
+    let args = match sub {
+        true => args,
+        false => options::expand(args, &cmd)
+            .map_err(|e| cmd.error(clap::error::ErrorKind::ValueValidation, e))?,
+    };
+    let m = cmd.try_get_matches_from(args)?;
     Ok(match m.subcommand() {
         Some(("stats", s)) => Invocation::Stats(StatsArgs::from_arg_matches(s)?),
         Some(("warm", s)) => Invocation::Warm(WarmArgs::from_arg_matches(s)?),
@@ -114,7 +147,7 @@ where
 }
 
 /// Command-line arguments, as parsed by clap (before `-o` options are applied).
-#[derive(Parser, Debug, Clone, Default)]
+#[derive(Parser, Debug, Clone)]
 #[command(name = "s3rdma", version = VERSION, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
 pub struct Cli {
     /// What to mount: BUCKET, BUCKET:PREFIX or s3://BUCKET/PREFIX
@@ -155,27 +188,26 @@ pub struct Cli {
     pub prefix: Option<String>,
 
     /// Attempts per S3 request, retried with jittered exponential backoff on throttling,
-    /// 5xx and connection errors [default: 6]
-    #[arg(long, value_name = "N", help_heading = "S3")]
-    pub max_attempts: Option<u32>,
+    /// 5xx and connection errors
+    #[arg(long, value_name = "N", help_heading = "S3", default_value = "6")]
+    pub max_attempts: u32,
 
     /// Time limit for one attempt of an S3 request, and for a stall of a response body
-    /// [default: 30s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3")]
-    pub request_timeout: Option<Duration>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3", default_value = "30s")]
+    pub request_timeout: Duration,
 
     /// Move object data over S3-over-RDMA (cuObject): 'auto' uses RDMA and moves a request the
     /// endpoint declines over HTTP (counted, logged); 'required' fails it instead; 'off' never
     /// mints tokens. The loopback provider (no NVIDIA SDK) is used only with a loopback
-    /// endpoint [default: auto]
-    #[arg(long, value_name = "MODE", value_parser = parse_rdma, help_heading = "S3")]
-    pub rdma: Option<RdmaMode>,
+    /// endpoint
+    #[arg(long, value_name = "MODE", value_parser = parse_rdma, help_heading = "S3", default_value = "auto")]
+    pub rdma: RdmaMode,
 
     /// How long constructing the cuObject client may take at start-up (only on a host with an
     /// RDMA port up; cuFile can spin when the device does not answer): past it, rdma=auto
-    /// mounts over HTTP and rdma=required refuses to start; 100ms to 10min [default: 10s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3")]
-    pub rdma_init_timeout: Option<Duration>,
+    /// mounts over HTTP and rdma=required refuses to start; 100ms to 10min
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "S3", default_value = "10s")]
+    pub rdma_init_timeout: Duration,
 
     /// Accept Ceph RGW's x-amz-rdma-reply 200 on an HTTP 206 ranged GET
     #[arg(long, help_heading = "S3")]
@@ -194,13 +226,13 @@ pub struct Cli {
     #[arg(long, value_name = "GID", help_heading = "Mount")]
     pub gid: Option<u32>,
 
-    /// Permission bits of files, octal [default: 0644]
-    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
-    pub file_mode: Option<u16>,
+    /// Permission bits of files, octal
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount", default_value = "0644")]
+    pub file_mode: u16,
 
-    /// Permission bits of directories, octal [default: 0755]
-    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount")]
-    pub dir_mode: Option<u16>,
+    /// Permission bits of directories, octal
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "Mount", default_value = "0755")]
+    pub dir_mode: u16,
 
     /// Let every user access the mount (needs user_allow_other in /etc/fuse.conf unless root)
     #[arg(long, help_heading = "Mount")]
@@ -219,20 +251,20 @@ pub struct Cli {
     #[arg(short = 'f', long, help_heading = "Mount")]
     pub foreground: bool,
 
-    /// FUSE worker threads: the most file system requests served at once [default: 16]
-    #[arg(long, value_name = "N", help_heading = "Mount")]
-    pub max_threads: Option<usize>,
+    /// FUSE worker threads: the most file system requests served at once
+    #[arg(long, value_name = "N", help_heading = "Mount", default_value = "16")]
+    pub max_threads: usize,
 
     /// On SIGTERM/SIGINT: how long files open for writing get to be closed (and stored) before
-    /// their uploads are aborted and the mount is detached [default: 30s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Mount")]
-    pub shutdown_grace: Option<Duration>,
+    /// their uploads are aborted and the mount is detached
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Mount", default_value = "30s")]
+    pub shutdown_grace: Duration,
 
     // ---- Caching and reads ----
     /// How long file attributes and directory entries are trusted before S3 is asked again
-    /// (0 = always ask; 'indefinite' = never) [default: 1s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
-    pub metadata_ttl: Option<Duration>,
+    /// (0 = always ask; 'indefinite' = never)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads", default_value = "1s")]
+    pub metadata_ttl: Duration,
 
     /// Let `open` use attributes younger than --metadata-ttl (from a lookup or a listing)
     /// instead of asking S3 for the current version: for data that does not change while
@@ -245,9 +277,9 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
     pub negative_metadata_ttl: Option<Duration>,
 
-    /// Size of each ranged GET of a sequential reader [default: 8MiB]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
-    pub read_part_size: Option<u64>,
+    /// Size of each ranged GET of a sequential reader
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads", default_value = "8MiB")]
+    pub read_part_size: u64,
 
     /// Size of the page cache, cut into blocks of the read part size: taken as used over HTTP;
     /// with RDMA one mlocked, registered arena [default: min(1GiB, 1/8 of RAM)]
@@ -255,18 +287,28 @@ pub struct Cli {
     pub cache_size: Option<u64>,
 
     /// Cache blocks and write buffers unused this long give their memory back to the system
-    /// (without RDMA; registered memory stays pinned); 0s keeps it [default: 60s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads")]
-    pub memory_idle_timeout: Option<Duration>,
+    /// (without RDMA; registered memory stays pinned); 0s keeps it
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Caching and reads", default_value = "60s")]
+    pub memory_idle_timeout: Duration,
 
-    /// The most ranged GETs in flight for the whole mount [default: 32]
-    #[arg(long, value_name = "N", help_heading = "Caching and reads")]
-    pub max_inflight_reads: Option<usize>,
+    /// The most ranged GETs in flight for the whole mount
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Caching and reads",
+        default_value = "32"
+    )]
+    pub max_inflight_reads: usize,
 
     /// Kernel read-ahead of the mount (its bdi read_ahead_kb; root only); the kernel's own
-    /// default of 128 KiB makes buffered reads arrive in 128 KiB requests [default: 1024]
-    #[arg(long, value_name = "KIB", help_heading = "Caching and reads")]
-    pub read_ahead_kb: Option<u32>,
+    /// default of 128 KiB makes buffered reads arrive in 128 KiB requests
+    #[arg(
+        long,
+        value_name = "KIB",
+        help_heading = "Caching and reads",
+        default_value = "1024"
+    )]
+    pub read_ahead_kb: u32,
 
     /// Open files with direct I/O: no kernel page cache, every read goes to s3rdma's cache
     #[arg(long, help_heading = "Caching and reads")]
@@ -287,15 +329,16 @@ pub struct Cli {
     #[arg(long, help_heading = "Caching and reads")]
     pub no_passthrough: bool,
 
-    /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB]
+    /// The most data fetched ahead of a sequential reader, per open file [default: 64MiB, at
+    /// most half the cache]
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Caching and reads")]
     pub max_prefetch: Option<u64>,
 
     // ---- Writing ----
     /// Size of the parts a written file is uploaded in (5MiB..5GiB); parts double in size every
-    /// 1000 parts, so large files stay within S3's 10,000 parts [default: 16MiB]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing")]
-    pub write_part_size: Option<u64>,
+    /// 1000 parts, so large files stay within S3's 10,000 parts
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing", default_value = "16MiB")]
+    pub write_part_size: u64,
 
     /// Memory for files being written: one pinned, RDMA-registered pool of parts; a writer waits
     /// while uploads fill it [default: min(256MiB, 1/16 of RAM), at least 2 parts]
@@ -327,28 +370,37 @@ pub struct Cli {
 
     /// A directory rename moves at most this many keys (copied on the server, then the
     /// sources deleted); a larger directory's rename fails with EXDEV, so that mv copies and
-    /// deletes it file by file (0: every directory rename does) [default: 10000]
-    #[arg(long, value_name = "N", help_heading = "Writing")]
-    pub max_dir_rename_keys: Option<usize>,
+    /// deletes it file by file (0: every directory rename does)
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Writing",
+        default_value = "10000"
+    )]
+    pub max_dir_rename_keys: usize,
 
     /// Markers are the default now; kept so that older command lines still mount
     #[arg(long, hide = true, conflicts_with = "no_dir_markers")]
     pub dir_markers: bool,
 
     /// Copies (rename, attribute changes) of objects above this size use UploadPartCopy
-    /// [default: 5GiB, S3's CopyObject limit]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing", hide = true)]
-    pub multipart_copy_threshold: Option<u64>,
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Writing", hide = true, default_value = "5GiB")]
+    pub multipart_copy_threshold: u64,
 
-    /// The most parts uploaded at once, for the whole mount [default: 8]
-    #[arg(long, value_name = "N", help_heading = "Writing")]
-    pub upload_concurrency: Option<usize>,
+    /// The most parts uploaded at once, for the whole mount
+    #[arg(long, value_name = "N", help_heading = "Writing", default_value = "8")]
+    pub upload_concurrency: usize,
 
     // ---- Logging ----
     /// error, warn, info, debug or trace (debug logs every S3 request); or a tracing filter
-    /// such as 's3rdma=debug' [default: info]
-    #[arg(long, value_name = "LEVEL", help_heading = "Logging")]
-    pub log_level: Option<String>,
+    /// such as 's3rdma=debug'
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        help_heading = "Logging",
+        default_value = "info"
+    )]
+    pub log_level: String,
 
     /// Append logs to this file (a daemon without it logs nowhere after start-up)
     #[arg(long, value_name = "PATH", help_heading = "Logging")]
@@ -368,169 +420,26 @@ pub struct Cli {
     #[arg(long, help_heading = "Logging")]
     pub metrics_allow_remote: bool,
 
-    /// Kernel mount flags from -o (exec/noexec, dev/nodev, suid/nosuid, ...).
-    #[arg(skip)]
-    pub kernel_flags: Vec<MountOption>,
+    /// Kernel mount flags from -o (exec/noexec, dev/nodev, suid/nosuid), in order.
+    #[arg(long, hide = true, value_name = "FLAG", action = clap::ArgAction::Append,
+          value_parser = clap::builder::PossibleValuesParser::new(options::KERNEL_FLAGS))]
+    pub kernel_flag: Vec<String>,
 }
 
-/// Standard mount(8) options that make no sense for this file system and are ignored on purpose.
-const IGNORED: &[&str] = &[
-    "defaults",
-    "auto",
-    "noauto",
-    "user",
-    "nouser",
-    "users",
-    "owner",
-    "_netdev",
-    "nofail",
-    "atime",
-    "noatime",
-    "relatime",
-    "norelatime",
-    "strictatime",
-    "nodiratime",
-    "diratime",
-    "async",
-    "lazytime",
-    "nolazytime",
-    "silent",
-    "loud",
-    "nonempty",
-];
-
-impl Cli {
-    /// Apply every `-o` option, in order, on top of the flags.
-    pub fn apply_mount_options(&mut self) -> Result<(), String> {
-        let groups = std::mem::take(&mut self.options);
-        for group in &groups {
-            for opt in split_options(group) {
-                if opt.is_empty() {
-                    continue;
-                }
-                let (key, value) = match opt.split_once('=') {
-                    Some((k, v)) => (k.to_string(), Some(v.to_string())),
-                    None => (opt.clone(), None),
-                };
-                self.apply_option(&key, value.as_deref())?;
-            }
-        }
-        self.options = groups;
-        Ok(())
-    }
-
-    /// Apply one `-o key[=value]`.
-    pub fn apply_option(&mut self, key: &str, value: Option<&str>) -> Result<(), String> {
-        let need = |v: Option<&str>| -> Result<String, String> {
-            v.map(str::to_string)
-                .ok_or_else(|| format!("mount option '{key}' needs a value: -o {key}=VALUE"))
-        };
-        let flag = |v: Option<&str>| -> Result<bool, String> {
-            v.map_or(Ok(true), parse_bool)
-                .map_err(|e| format!("mount option '{key}': {e}"))
-        };
-        let num = |v: Option<&str>| -> Result<u64, String> {
-            let v = need(v)?;
-            v.trim().parse().map_err(|_| {
-                format!("mount option '{key}': {v:?} is not a whole number from 0 to 2^64-1")
-            })
-        };
-        // A number that must fit the option's type: never truncated (uid=4294967296 is not 0).
-        let narrow = |n: u64, max: u64| -> Result<u64, String> {
-            if n > max {
-                return Err(format!("mount option '{key}': {n} is above {max}"));
-            }
-            Ok(n)
-        };
-        match key {
-            "endpoint_url" | "endpoint" => self.endpoint_url = Some(need(value)?),
-            "region" => self.region = Some(need(value)?),
-            "profile" => self.profile = Some(need(value)?),
-            "force_path_style" => self.force_path_style = flag(value)?,
-            "no_sign_request" => self.no_sign_request = flag(value)?,
-            "prefix" => self.prefix = Some(need(value)?),
-            "rdma" => self.rdma = Some(with_key(key, parse_rdma(&need(value)?))?),
-            "rdma_accept_206_200" => self.rdma_accept_206_200 = flag(value)?,
-            "rdma_init_timeout" => self.rdma_init_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
-            "max_attempts" => self.max_attempts = Some(narrow(num(value)?, u32::MAX.into())? as u32),
-            "request_timeout" => self.request_timeout = Some(with_key(key, parse_duration(&need(value)?))?),
-            "read_only" | "ro" => self.read_only = flag(value)?,
-            "rw" => self.read_only = false,
-            "uid" => self.uid = Some(narrow(num(value)?, u32::MAX.into())? as u32),
-            "gid" => self.gid = Some(narrow(num(value)?, u32::MAX.into())? as u32),
-            "file_mode" => self.file_mode = Some(with_key(key, parse_mode(&need(value)?))?),
-            "dir_mode" => self.dir_mode = Some(with_key(key, parse_mode(&need(value)?))?),
-            "allow_other" => self.allow_other = flag(value)?,
-            "allow_root" => self.allow_root = flag(value)?,
-            "auto_unmount" => self.auto_unmount = flag(value)?,
-            "foreground" => self.foreground = flag(value)?,
-            "max_threads" => self.max_threads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
-            "shutdown_grace" => self.shutdown_grace = Some(with_key(key, parse_duration(&need(value)?))?),
-            "metadata_ttl" => self.metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?),
-            "negative_metadata_ttl" => {
-                self.negative_metadata_ttl = Some(with_key(key, parse_duration(&need(value)?))?)
-            }
-            "read_part_size" => self.read_part_size = Some(with_key(key, parse_size(&need(value)?))?),
-            "cache_size" => self.cache_size = Some(with_key(key, parse_size(&need(value)?))?),
-            "memory_idle_timeout" => {
-                self.memory_idle_timeout = Some(with_key(key, parse_duration(&need(value)?))?)
-            }
-            "max_inflight_reads" => self.max_inflight_reads = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
-            "read_ahead_kb" => self.read_ahead_kb = Some(narrow(num(value)?, u32::MAX.into())? as u32),
-            "direct_io" => self.direct_io = flag(value)?,
-            "open_trusts_metadata" => self.open_trusts_metadata = flag(value)?,
-            "cache_dir" => self.cache_dir = Some(PathBuf::from(need(value)?)),
-            "staging_dir" => self.staging_dir = Some(PathBuf::from(need(value)?)),
-            "staging_size" => self.staging_size = Some(with_key(key, parse_size(&need(value)?))?),
-            "cache_dir_size" => {
-                self.cache_dir_size = Some(with_key(key, parse_size(&need(value)?))?)
-            }
-            "no_passthrough" => self.no_passthrough = flag(value)?,
-            "passthrough" => self.no_passthrough = !flag(value)?,
-            "max_prefetch" => self.max_prefetch = Some(with_key(key, parse_size(&need(value)?))?),
-            "write_part_size" => self.write_part_size = Some(with_key(key, parse_size(&need(value)?))?),
-            "write_buffer_size" => {
-                self.write_buffer_size = Some(with_key(key, parse_size(&need(value)?))?)
-            }
-            "upload_concurrency" => self.upload_concurrency = Some(narrow(num(value)?, usize::MAX as u64)? as usize),
-            "no_file_metadata" => self.no_file_metadata = flag(value)?,
-            "file_metadata" => self.no_file_metadata = !flag(value)?,
-            "dir_markers" => self.no_dir_markers = !flag(value)?,
-            "no_dir_markers" => self.no_dir_markers = flag(value)?,
-            "max_dir_rename_keys" => {
-                self.max_dir_rename_keys = Some(narrow(num(value)?, usize::MAX as u64)? as usize)
-            }
-            "multipart_copy_threshold" => {
-                self.multipart_copy_threshold = Some(with_key(key, parse_size(&need(value)?))?)
-            }
-            "log_level" => self.log_level = Some(need(value)?),
-            "log_file" => self.log_file = Some(PathBuf::from(need(value)?)),
-            "stats_file" => self.stats_file = Some(PathBuf::from(need(value)?)),
-            "metrics_addr" => self.metrics_addr = Some(need(value)?.to_string()),
-            "metrics_allow_remote" => self.metrics_allow_remote = flag(value)?,
-            "exec" => self.kernel_flags.push(MountOption::Exec),
-            "noexec" => self.kernel_flags.push(MountOption::NoExec),
-            "dev" => self.kernel_flags.push(MountOption::Dev),
-            "nodev" => self.kernel_flags.push(MountOption::NoDev),
-            "suid" => self.kernel_flags.push(MountOption::Suid),
-            "nosuid" => self.kernel_flags.push(MountOption::NoSuid),
-            k if IGNORED.contains(&k) || k.starts_with("x-") || k == "comment" => {}
-            _ => {
-                return Err(format!(
-                    "unknown mount option '{key}'; see 's3rdma --help' for the options (any flag works as -o name=value with '_' for '-')"
-                ))
-            }
-        }
-        Ok(())
+/// A kernel mount flag by its `-o` name (one of [`options::KERNEL_FLAGS`]).
+fn kernel_flag(name: &str) -> MountOption {
+    match name {
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        _ => MountOption::NoSuid,
     }
 }
 
 fn parse_rdma(s: &str) -> Result<RdmaMode, String> {
     s.parse()
-}
-
-fn with_key<T>(key: &str, r: Result<T, String>) -> Result<T, String> {
-    r.map_err(|e| format!("mount option '{key}': {e}"))
 }
 
 /// Everything the daemon needs, resolved and validated.
@@ -616,13 +525,12 @@ pub fn default_cache_size() -> u64 {
 }
 
 /// Check the write options; returns (part size, pool size rounded down to whole parts).
-fn write_sizes(part: Option<u64>, pool: Option<u64>) -> Result<(u64, u64), String> {
-    let part = part.unwrap_or(16 << 20);
+fn write_sizes(part: u64, pool: Option<u64>) -> Result<(u64, u64), String> {
     let max_reg = cuobj_ffi::max_registration_size() as u64;
     let max_part = s3rdma_fs::upload::MAX_PART_BYTES.min(max_reg);
     if !(s3rdma_fs::upload::MIN_PART_BYTES..=max_part).contains(&part) {
         return Err(format!(
-            "write part size {part} is out of range; use 5MiB (S3's smallest part) to {max_part} bytes (default 16MiB)"
+            "write part size {part} is out of range; use 5MiB (S3's smallest part) to {max_part} bytes"
         ));
     }
     let pool = pool.unwrap_or_else(|| (256u64 << 20).min(ram() / 16).max(2 * part).min(max_reg));
@@ -640,17 +548,14 @@ fn write_sizes(part: Option<u64>, pool: Option<u64>) -> Result<(u64, u64), Strin
 }
 
 /// `value` (or `default`) if within `lo..=hi`, else an error naming the option and its range.
-fn in_range<T>(what: &str, value: Option<T>, default: T, lo: T, hi: T) -> Result<T, String>
+fn in_range<T>(what: &str, v: T, lo: T, hi: T) -> Result<T, String>
 where
     T: PartialOrd + std::fmt::Display + Copy,
 {
-    let v = value.unwrap_or(default);
     if (lo..=hi).contains(&v) {
         Ok(v)
     } else {
-        Err(format!(
-            "{what} {v} is out of range; use {lo} to {hi} (default {default})"
-        ))
+        Err(format!("{what} {v} is out of range; use {lo} to {hi}"))
     }
 }
 
@@ -670,8 +575,7 @@ pub fn parse_source(source: &str) -> Result<(String, String), String> {
 }
 
 impl Settings {
-    pub fn from_cli(mut cli: Cli) -> Result<Settings, String> {
-        cli.apply_mount_options()?;
+    pub fn from_cli(cli: Cli) -> Result<Settings, String> {
         let (bucket, src_prefix) = parse_source(&cli.source)?;
         let raw_prefix = match (&cli.prefix, src_prefix.is_empty()) {
             (Some(p), true) => p.clone(),
@@ -691,11 +595,11 @@ impl Settings {
                 ));
             }
         }
-        let read_part_size = cli.read_part_size.unwrap_or(8 << 20);
+        let read_part_size = cli.read_part_size;
         let max_part = cuobj_ffi::max_registration_size() as u64;
         if !(64 << 10..=max_part).contains(&read_part_size) {
             return Err(format!(
-                "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit; default 8MiB)"
+                "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit)"
             ));
         }
         let cache_size = cli.cache_size.unwrap_or_else(default_cache_size);
@@ -704,30 +608,30 @@ impl Settings {
                 "cache size {cache_size} holds fewer than 2 read parts of {read_part_size} bytes; raise --cache-size or lower --read-part-size"
             ));
         }
-        let max_threads = in_range("max threads", cli.max_threads, 16, 1, 1024)?;
-        let memory_idle_timeout = cli.memory_idle_timeout.unwrap_or(Duration::from_secs(60));
+        let max_threads = in_range("max threads", cli.max_threads, 1, 1024)?;
+        let memory_idle_timeout = cli.memory_idle_timeout;
         if memory_idle_timeout > Duration::from_secs(7 * 24 * 3600) {
             return Err(format!(
-                "memory idle timeout {memory_idle_timeout:?} is out of range; use 0s (keep memory) to 7d (default 60s)"
+                "memory idle timeout {memory_idle_timeout:?} is out of range; use 0s (keep memory) to 7d"
             ));
         }
-        let shutdown_grace = cli.shutdown_grace.unwrap_or(Duration::from_secs(30));
+        let shutdown_grace = cli.shutdown_grace;
         if shutdown_grace > Duration::from_secs(24 * 3600) {
             return Err(format!(
-                "shutdown grace {shutdown_grace:?} is out of range; use 0s to 24h (default 30s)"
+                "shutdown grace {shutdown_grace:?} is out of range; use 0s to 24h"
             ));
         }
-        let max_attempts = in_range("max attempts", cli.max_attempts, 6, 1, 100)?;
-        let rdma_init_timeout = cli.rdma_init_timeout.unwrap_or(Duration::from_secs(10));
+        let max_attempts = in_range("max attempts", cli.max_attempts, 1, 100)?;
+        let rdma_init_timeout = cli.rdma_init_timeout;
         if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&rdma_init_timeout) {
             return Err(format!(
-                "rdma init timeout {rdma_init_timeout:?} is out of range; use 100ms to 10min (default 10s)"
+                "rdma init timeout {rdma_init_timeout:?} is out of range; use 100ms to 10min"
             ));
         }
-        let request_timeout = cli.request_timeout.unwrap_or(Duration::from_secs(30));
+        let request_timeout = cli.request_timeout;
         if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&request_timeout) {
             return Err(format!(
-                "request timeout {request_timeout:?} is out of range; use 100ms to 1h (default 30s)"
+                "request timeout {request_timeout:?} is out of range; use 100ms to 1h"
             ));
         }
         for (name, id) in [("uid", cli.uid), ("gid", cli.gid)] {
@@ -737,19 +641,18 @@ impl Settings {
                 ));
             }
         }
-        let max_inflight_reads =
-            in_range("max inflight reads", cli.max_inflight_reads, 32, 1, 1024)?;
-        let read_ahead_kb = in_range("read ahead (KiB)", cli.read_ahead_kb, 1024, 0, 1 << 20)?;
+        let max_inflight_reads = in_range("max inflight reads", cli.max_inflight_reads, 1, 1024)?;
+        let read_ahead_kb = in_range("read ahead (KiB)", cli.read_ahead_kb, 0, 1 << 20)?;
         let max_prefetch = cli.max_prefetch.unwrap_or((64 << 20).min(cache_size / 2));
         if max_prefetch > cache_size / 2 {
             return Err(format!(
                 "max prefetch {max_prefetch} is above half the cache ({cache_size} bytes): data fetched ahead would push out what is being read; lower --max-prefetch or raise --cache-size"
             ));
         }
-        let multipart_copy_threshold = cli.multipart_copy_threshold.unwrap_or(5 << 30);
+        let multipart_copy_threshold = cli.multipart_copy_threshold;
         if !(5u64 << 20..=5 << 30).contains(&multipart_copy_threshold) {
             return Err(format!(
-                "multipart copy threshold {multipart_copy_threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit; default 5GiB)"
+                "multipart copy threshold {multipart_copy_threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit)"
             ));
         }
         if cli.cache_dir.is_none() && (cli.cache_dir_size.is_some() || cli.no_passthrough) {
@@ -786,9 +689,7 @@ impl Settings {
             (None, Some(c)) => c.join("s3rdma-staging-v1"),
             (None, None) => default_staging_dir(&cli.source, &cli.mountpoint),
         };
-        if let Some(level) = &cli.log_level {
-            crate::logging::filter(level)?;
-        }
+        crate::logging::filter(&cli.log_level)?;
         if cli.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
             return Err("region is empty; give one such as us-east-1, or leave it out".into());
         }
@@ -809,12 +710,11 @@ impl Settings {
         }
         let (write_part_size, write_buffer_size) =
             write_sizes(cli.write_part_size, cli.write_buffer_size)?;
-        let upload_concurrency = in_range("upload concurrency", cli.upload_concurrency, 8, 1, 256)?;
+        let upload_concurrency = in_range("upload concurrency", cli.upload_concurrency, 1, 256)?;
         // 0: every directory rename fails with EXDEV (mv copies).
         let max_dir_rename_keys = in_range(
             "max dir rename keys",
             cli.max_dir_rename_keys,
-            10_000,
             0,
             10_000_000,
         )?;
@@ -824,7 +724,7 @@ impl Settings {
                 "cache size {cache_size} plus write buffer {write_buffer_size} bytes exceed this machine's memory ({memory} bytes); both are pinned: lower --cache-size or --write-buffer-size"
             ));
         }
-        let metadata_ttl = cli.metadata_ttl.unwrap_or(Duration::from_secs(1));
+        let metadata_ttl = cli.metadata_ttl;
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Ok(Settings {
@@ -838,7 +738,7 @@ impl Settings {
                 max_attempts,
                 connect_timeout: Duration::from_secs(5),
                 request_timeout,
-                rdma: cli.rdma.unwrap_or_default(),
+                rdma: cli.rdma,
                 rdma_accept_206_200: cli.rdma_accept_206_200,
                 static_credentials: None,
             },
@@ -846,8 +746,8 @@ impl Settings {
             fs: FsConfig {
                 uid: cli.uid.unwrap_or(uid),
                 gid: cli.gid.unwrap_or(gid),
-                file_mode: cli.file_mode.unwrap_or(0o644),
-                dir_mode: cli.dir_mode.unwrap_or(0o755),
+                file_mode: cli.file_mode,
+                dir_mode: cli.dir_mode,
                 metadata_ttl,
                 negative_ttl: cli.negative_metadata_ttl.unwrap_or(metadata_ttl),
                 read: ReadConfig {
@@ -872,11 +772,11 @@ impl Settings {
             foreground: cli.foreground,
             max_threads,
             shutdown_grace,
-            log_level: cli.log_level.unwrap_or_else(|| "info".into()),
+            log_level: cli.log_level,
             log_file: cli.log_file,
             stats_file: cli.stats_file,
             metrics_addr,
-            kernel_flags: cli.kernel_flags,
+            kernel_flags: cli.kernel_flag.iter().map(|f| kernel_flag(f)).collect(),
             cache_size,
             memory_idle_timeout,
             max_inflight_reads,
@@ -908,13 +808,16 @@ mod tests {
     use clap::CommandFactory;
 
     fn settings(args: &[&str]) -> Result<Settings, String> {
-        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
-        Settings::from_cli(cli)
+        match try_parse(args.iter().copied()).map_err(|e| e.to_string())? {
+            Invocation::Mount(cli) => Settings::from_cli(*cli),
+            other => panic!("{args:?} is not a mount: {other:?}"),
+        }
     }
 
     #[test]
     fn subcommands_parse_beside_the_mount_and_each_has_its_help() {
         let parse = |a: &[&str]| try_parse(a.iter().copied());
+        // (`parse` exits; its one line is `one_line` of these errors.)
         assert!(
             matches!(parse(&["s3rdma", "b", "/mnt"]), Ok(Invocation::Mount(c)) if c.source == "b")
         );
@@ -947,13 +850,73 @@ mod tests {
             warm.contains("--jobs") && warm.contains("[default: 8]"),
             "{warm}"
         );
-        for bad in [
-            &["s3rdma", "warm"][..],
-            &["s3rdma", "warm", "-j", "0", "/a"],
-            &["s3rdma", "stats"],
+        for (bad, needle) in [
+            (
+                &["s3rdma", "warm"][..],
+                "required arguments were not provided: <PATH>...",
+            ),
+            (
+                &["s3rdma", "warm", "-j", "0", "/a"],
+                "invalid value '0' for '--jobs <N>'",
+            ),
+            (&["s3rdma", "stats"], "<MOUNTPOINT>"),
+            (
+                &["s3rdma", "b", "/m", "--no-such"],
+                "unexpected argument '--no-such'",
+            ),
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad:?}");
+            let line = one_line(&e);
+            assert!(
+                line.contains(needle) && !line.contains('\n'),
+                "{bad:?}: {line}"
+            );
+        }
+    }
+
+    /// The README's option table has a row for every flag and none more, and each default it
+    /// gives is the one clap applies (written once, in `Cli`).
+    #[test]
+    fn the_readme_option_table_is_the_flags_with_their_defaults() {
+        let readme = include_str!("../../README.md");
+        let table = readme
+            .split("| Flag | `-o` | Default | What it does |")
+            .nth(1)
+            .expect("README's option table");
+        let mut rows = std::collections::BTreeMap::new();
+        for row in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let defaults: Vec<&str> = cells[3].split(" / ").collect();
+            for (i, flag) in cells[1].split(" / ").enumerate() {
+                let long = flag.split("--").nth(1).expect(row);
+                let long = long.split([' ', '`']).next().unwrap_or_default();
+                let default = defaults.get(i).unwrap_or(&defaults[0]).replace('`', "");
+                rows.insert(long.to_string(), default);
+            }
+        }
+        let cmd = Cli::command();
+        let flags: Vec<_> = cmd.get_arguments().filter(|a| !a.is_hide_set()).collect();
+        for arg in &flags {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let row = rows.get(long);
+            let row = row.unwrap_or_else(|| panic!("README's option table has no --{long}"));
+            if let Some(default) = arg.get_default_values().first() {
+                assert_eq!(
+                    row,
+                    &default.to_string_lossy(),
+                    "--{long}'s default in README"
+                );
+            }
+        }
+        for long in rows.keys() {
+            assert!(
+                flags.iter().any(|a| a.get_long() == Some(long)),
+                "README's option table has --{long}, which is no flag"
+            );
         }
     }
 
@@ -1020,8 +983,10 @@ mod tests {
             if matches!(long, "help" | "version") {
                 continue;
             }
+            if arg.is_hide_set() {
+                continue;
+            }
             let key = long.replace('-', "_");
-            let mut cli = Cli::default();
             // Flags take no value; options take one that parses for their type.
             let sample = match key.as_str() {
                 "file_mode" | "dir_mode" => Some("0644"),
@@ -1042,8 +1007,25 @@ mod tests {
                 _ if arg.get_action().takes_values() => Some("1"),
                 _ => None,
             };
-            cli.apply_option(&key, sample)
-                .unwrap_or_else(|e| panic!("--{long} has no -o {key}: {e}"));
+            let opt = match sample {
+                Some(v) => format!("{key}={v}"),
+                None => key.clone(),
+            };
+            let args = ["s3rdma", "bkt", "/m", "-o", &opt];
+            let Invocation::Mount(cli) =
+                try_parse(args).unwrap_or_else(|e| panic!("--{long} has no -o {key}: {e}"))
+            else {
+                panic!("-o {opt} is not a mount");
+            };
+            let Invocation::Mount(flag) = try_parse(
+                ["s3rdma", "bkt", "/m", &format!("--{long}")]
+                    .into_iter()
+                    .chain(sample),
+            )
+            .unwrap_or_else(|e| panic!("--{long}: {e}")) else {
+                panic!("--{long} is not a mount");
+            };
+            assert_eq!(format!("{cli:?}"), format!("{flag:?}"), "-o {opt}");
         }
     }
 
@@ -1062,7 +1044,7 @@ mod tests {
         let e = settings(&["s3rdma", "bkt", "/m", "--auto-unmount"]).unwrap_err();
         assert!(e.contains("--allow-root"), "{e}");
         let e = settings(&["s3rdma", "bkt", "/m", "-o", "read_part_size=12XB"]).unwrap_err();
-        assert!(e.contains("read_part_size") && e.contains("unit"), "{e}");
+        assert!(e.contains("--read-part-size") && e.contains("unit"), "{e}");
         let e = settings(&["s3rdma", "bkt", "/m", "--write-part-size", "1MiB"]).unwrap_err();
         assert!(e.contains("5MiB"), "{e}");
         let e = settings(&[
@@ -1186,7 +1168,7 @@ mod tests {
         // the AWS profile (tests/integration/startup.rs covers them).
         let at_startup = ["log_file", "stats_file", "profile"];
         let cmd = Cli::command();
-        for arg in cmd.get_arguments() {
+        for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
             let Some(long) = arg.get_long() else { continue };
             if matches!(long, "help" | "version") {
                 continue;
@@ -1202,8 +1184,25 @@ mod tests {
                 let e = settings(&["s3rdma", "bkt", "/m", "-o", &format!("{key}=maybe")])
                     .expect_err(&key);
                 assert!(norm(&e).contains(&norm(&key)), "{key}: {e}");
-                let mut cli = Cli::default();
-                cli.apply_option(&key, Some("no")).expect(&key);
+                let off = [
+                    "s3rdma",
+                    "bkt",
+                    "/m",
+                    &format!("--{long}"),
+                    "-o",
+                    &format!("{key}=no"),
+                ];
+                let Ok(Invocation::Mount(off)) = try_parse(off) else {
+                    panic!("-o {key}=no");
+                };
+                let Ok(Invocation::Mount(none)) = try_parse(["s3rdma", "bkt", "/m"]) else {
+                    panic!("a bare mount");
+                };
+                assert_eq!(
+                    format!("{off:?}"),
+                    format!("{none:?}"),
+                    "-o {key}=no undoes --{long}"
+                );
             }
         }
         for (key, bad, needle) in rows {
@@ -1225,7 +1224,10 @@ mod tests {
 
     #[test]
     fn escaped_commas_and_ro_rw_order() {
-        assert_eq!(split_options(r"a,b=c\,d, e"), ["a", "b=c,d", "e"]);
+        assert_eq!(
+            s3rdma_proto::units::split_options(r"a,b=c\,d, e"),
+            ["a", "b=c,d", "e"]
+        );
         let s = settings(&["s3rdma", "bkt", "/m", "-o", "ro,rw"]).unwrap();
         assert!(!s.read_only);
         let s = settings(&[

@@ -80,12 +80,19 @@ fn malformed_bucket_prefix_and_options() {
     let (c, e) = run(&["bkt", p, "-o", "ro,colour=blue"]);
     assert_one_line_error(c, &e, 2, "unknown mount option 'colour'");
     let (c, e) = run(&["bkt", p, "-o", "read_part_size=huge"]);
-    assert_one_line_error(c, &e, 2, "read_part_size");
+    assert_one_line_error(
+        c,
+        &e,
+        2,
+        "invalid value 'huge' for '--read-part-size <SIZE>'",
+    );
     let (c, e) = run(&["bkt", p, "--endpoint-url", "localhost:9000"]);
     assert_one_line_error(c, &e, 2, "must start with http://");
-    // clap's own errors (unknown flag) also exit 2.
+    // clap's own errors (unknown flag, missing argument) are one line too, and exit 2.
     let (c, e) = run(&["bkt", p, "--no-such-flag"]);
-    assert_eq!(c, 2, "{e}");
+    assert_one_line_error(c, &e, 2, "unexpected argument '--no-such-flag'");
+    let (c, e) = run(&["warm"]);
+    assert_one_line_error(c, &e, 2, "<PATH>");
 }
 
 // [S-START-ENDPOINT]
@@ -220,8 +227,16 @@ fn help_and_version() {
         "--metadata-ttl",
         "--max-threads",
         "-o <OPT",
+        "stats",
+        "warm",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
+    }
+    for (sub, flag) in [("stats", "--watch"), ("warm", "--jobs")] {
+        let out = s3rdma().args([sub, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{sub} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains(flag), "{sub} --help lacks {flag}: {help}");
     }
 }
 
