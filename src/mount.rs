@@ -1,6 +1,10 @@
-//! Start-up and lifetime of one mount: checks, daemonizing, the FUSE session, signals.
+//! Start-up and lifetime of one mount: `prepare` (checks, daemonizing, logging), `start` (the
+//! S3 client, memory, the file system, the kernel mount; each failure one line for the user),
+//! the FUSE session, `teardown` (detach, counters, release of every RDMA resource).
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use fuser::{MountOption, SessionACL};
 use tracing::{error, info, warn};
@@ -10,12 +14,55 @@ use crate::daemon::{self, Readiness};
 use crate::{lifecycle, logging, startup};
 use s3rdma_client::{ObjectStore, S3Client};
 use s3rdma_fs::cache::Cache;
-use s3rdma_fs::fs::S3Fs;
+use s3rdma_fs::diskcache::DiskCache;
+use s3rdma_fs::fs::{control::FsControl, S3Fs};
+use s3rdma_fs::stage::StagingArea;
 use s3rdma_fs::upload::pool::WritePool;
 use s3rdma_fs::upload::Uploader;
+use s3rdma_metrics::Report;
+
+/// The mount while it is served: what `teardown` releases, in order.
+struct Mounted {
+    rt: tokio::runtime::Runtime,
+    memory: Memory,
+    disk: Option<Arc<DiskCache>>,
+    control: FsControl<S3Client>,
+    report: Arc<dyn Report + Send + Sync>,
+    /// The mount's device number in mountinfo (to tell it is still ours at the end).
+    dev: Option<String>,
+}
+
+/// The pinned (and, with RDMA, registered) memory of the mount.
+struct Memory {
+    cache: Arc<Cache<S3Client>>,
+    /// None on a read-only mount (no write buffers at all).
+    uploader: Option<Arc<Uploader<S3Client>>>,
+}
 
 /// Mount and serve until unmounted. Never returns: exits 0 after a clean unmount, 1 on failure.
 pub fn run(settings: Settings) -> ! {
+    let (mountpoint, mut readiness) = prepare(&settings);
+    let (mounted, session) = match start(&settings, &mountpoint) {
+        Ok(m) => m,
+        Err(msg) => readiness.fail(&msg),
+    };
+    readiness.ready();
+    let result = match session.run() {
+        // The kernel reports an ended connection as ECONNABORTED when it was aborted, and at
+        // times when the last file of a lazily unmounted mount is closed: the session is over
+        // either way; what was lost, if anything, is counted by the aborted uploads below.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            warn!("the kernel ended the FUSE connection");
+            Ok(())
+        }
+        r => r,
+    };
+    teardown(&settings, &mountpoint, mounted, result)
+}
+
+/// The checked mountpoint, the daemon (unless `--foreground`) and its logging: what start-up
+/// failures are reported through.
+fn prepare(settings: &Settings) -> (PathBuf, Readiness) {
     let mountpoint = match startup::check_mountpoint(&settings.mountpoint) {
         Ok(p) => p,
         Err(msg) => Readiness::foreground().fail(&msg),
@@ -34,102 +81,38 @@ pub fn run(settings: Settings) -> ! {
         readiness.fail(&msg);
     }
     raise_fd_limit();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    (mountpoint, readiness)
+}
+
+/// The FUSE session of a mount.
+type Session = fuser::Session<S3Fs<S3Client>>;
+
+/// Everything up to a mounted FUSE session, each failure one line for the user.
+fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .thread_name("s3rdma-io")
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => readiness.fail(&format!("cannot start the I/O runtime: {e}")),
-    };
-
-    // Resolve rdma= once (auto may become off); the client then runs with what was resolved.
-    let mut s3_opts = settings.s3.clone();
-    match s3rdma_client::mode::resolve_mode(
-        s3_opts.rdma,
-        s3_opts.endpoint_url.as_deref(),
-        settings.rdma_init_timeout,
-    ) {
-        Ok(mode) => s3_opts.rdma = mode,
-        Err(msg) => readiness.fail(&msg),
-    }
-    let s3 = rt.block_on(S3Client::new(&s3_opts));
-    if let Err(msg) = rt.block_on(startup::check_bucket(&s3, &settings.prefix)) {
-        readiness.fail(&msg);
-    }
-
+        .map_err(|e| format!("cannot start the I/O runtime: {e}"))?;
+    let (s3, rdma) = connect(&rt, settings)?;
     // Catch SIGTERM/SIGINT from before the kernel mount exists: a signal that arrives while
     // mounting is kept, and unmounts as soon as the session is up.
-    let (term, int) = {
+    let signals = {
         use tokio::signal::unix::{signal, SignalKind};
         let _guard = rt.enter();
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => {
-                readiness.fail(&format!("cannot install signal handlers: {e}"))
-            }
-        }
+        signal(SignalKind::terminate())
+            .and_then(|t| Ok((t, signal(SignalKind::interrupt())?)))
+            .map_err(|e| format!("cannot install signal handlers: {e}"))?
     };
-    let blocks = (settings.cache_size / settings.fs.read.part_size) as usize;
-    let cache = match Cache::new(
-        s3.clone(),
-        settings.fs.read.part_size as usize,
-        blocks,
-        settings.max_inflight_reads,
-    ) {
-        Ok(c) => Arc::new(c),
-        Err(msg) => readiness.fail(&msg),
-    };
-    info!(
-        bytes = settings.cache_size,
-        blocks,
-        block_size = settings.fs.read.part_size,
-        "page cache ready"
-    );
-    // A read-only mount has no write buffers at all.
-    let uploader = if settings.read_only {
-        None
-    } else {
-        let pool = match WritePool::new(
-            settings.write_part_size as usize,
-            (settings.write_buffer_size / settings.write_part_size) as usize,
-            s3.rdma_mode() != s3rdma_client::RdmaMode::Off,
-        ) {
-            Ok(p) => Arc::new(p),
-            Err(msg) => readiness.fail(&msg),
-        };
-        let uploader = Arc::new(Uploader::new(
-            s3.clone(),
-            rt.handle().clone(),
-            pool.clone(),
-            settings.upload_concurrency,
-        ));
-        info!(
-            bytes = settings.write_buffer_size,
-            part_size = settings.write_part_size,
-            max_file_size = uploader.max_file_size(),
-            "write buffers ready (mapped by the first write)"
-        );
-        Some(uploader)
-    };
+    let memory = memory(&rt, settings, &s3)?;
     let disk = match &settings.cache_dir {
         Some(dir) => {
             let limit = settings
                 .cache_dir_size
                 .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
-            match s3rdma_fs::diskcache::DiskCache::open(
-                dir,
-                limit,
-                &settings.bucket,
-                settings.fs.read.part_size,
-            ) {
-                Ok(d) => Some(d),
-                Err(msg) => readiness.fail(&msg),
-            }
+            let part = settings.fs.read.part_size;
+            Some(DiskCache::open(dir, limit, &settings.bucket, part)?)
         }
         None => None,
     };
@@ -137,54 +120,162 @@ pub fn run(settings: Settings) -> ! {
     let mut fs = S3Fs::new(
         rt.handle().clone(),
         s3,
-        cache.clone(),
+        memory.cache.clone(),
         &settings.prefix,
         settings.fs.clone(),
         notifier.clone(),
-        uploader.clone(),
+        memory.uploader.clone(),
     );
     if let Some(d) = &disk {
         fs.set_disk_cache(d.clone(), settings.passthrough);
     }
-    if uploader.is_some() {
-        let dir = &settings.staging_dir;
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            readiness.fail(&format!(
-                "cannot create the staging directory {}: {e}; give a writable --staging-dir",
-                dir.display()
-            ));
-        }
-        let limit = settings
-            .staging_size
-            .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
-        match s3rdma_fs::stage::StagingArea::open(dir, limit) {
-            Ok(area) => {
-                info!(dir = %dir.display(), limit, "staged files ready");
-                fs.set_staging(Arc::new(area));
-            }
-            Err(msg) => readiness.fail(&msg),
-        }
+    if memory.uploader.is_some() {
+        fs.set_staging(staging(settings)?);
     }
-    let control = fs.control();
-    let report: Arc<dyn s3rdma_metrics::Report + Send + Sync> = Arc::new(fs.reporter());
+    let (control, report) = (fs.control(), Arc::new(fs.reporter()));
     if let Some(addr) = settings.metrics_addr {
-        match rt.block_on(crate::metrics::bind(addr)) {
-            Ok(listener) => {
-                let info = crate::metrics::Info {
-                    version: crate::cli::VERSION.to_string(),
-                    provider: cuobj_ffi::provider().to_string(),
-                    // The mode in effect (auto without an RDMA device runs as off).
-                    rdma: format!("{:?}", s3_opts.rdma).to_lowercase(),
-                    bucket: settings.bucket.clone(),
-                    prefix: settings.prefix.clone(),
-                };
-                rt.spawn(crate::metrics::serve(listener, report.clone(), info));
-            }
-            Err(msg) => readiness.fail(&msg),
-        }
+        serve_metrics(&rt, settings, addr, rdma, report.clone())?;
     }
+    let session = session(fs, mountpoint, settings)?;
+    let _ = notifier.set(session.notifier());
+    let dev = lifecycle::mount_dev(mountpoint);
+    if let Some(dev) = &dev {
+        set_read_ahead(dev, settings.read_ahead_kb);
+    }
+    let shutdown = lifecycle::Shutdown {
+        mountpoint: mountpoint.to_path_buf(),
+        dev: dev.clone(),
+        grace: settings.shutdown_grace,
+        control: control.clone(),
+    };
+    rt.spawn(lifecycle::on_signals(signals.0, signals.1, shutdown));
+    info!(
+        bucket = %settings.bucket,
+        prefix = %settings.prefix,
+        mountpoint = %mountpoint.display(),
+        "mounted"
+    );
+    let report: Arc<dyn Report + Send + Sync> = report;
+    background(&rt, settings, &memory, &report);
+    let mounted = Mounted {
+        rt,
+        memory,
+        disk,
+        control,
+        report,
+        dev,
+    };
+    Ok((mounted, session))
+}
+
+/// The S3 client, with `rdma=` resolved once (auto may become off), once the bucket answers.
+fn connect(
+    rt: &tokio::runtime::Runtime,
+    settings: &Settings,
+) -> Result<(S3Client, s3rdma_client::RdmaMode), String> {
+    let mut s3_opts = settings.s3.clone();
+    s3_opts.rdma = s3rdma_client::mode::resolve_mode(
+        s3_opts.rdma,
+        s3_opts.endpoint_url.as_deref(),
+        settings.rdma_init_timeout,
+    )?;
+    let s3 = rt.block_on(S3Client::new(&s3_opts));
+    rt.block_on(startup::check_bucket(&s3, &settings.prefix))?;
+    Ok((s3, s3_opts.rdma))
+}
+
+/// The page cache and (unless read-only) the write buffers.
+fn memory(
+    rt: &tokio::runtime::Runtime,
+    settings: &Settings,
+    s3: &S3Client,
+) -> Result<Memory, String> {
+    let part = settings.fs.read.part_size;
+    let blocks = (settings.cache_size / part) as usize;
+    let cache = Cache::new(
+        s3.clone(),
+        part as usize,
+        blocks,
+        settings.max_inflight_reads,
+    )?;
+    let cache = Arc::new(cache);
+    info!(
+        bytes = settings.cache_size,
+        blocks,
+        block_size = part,
+        "page cache ready"
+    );
+    if settings.read_only {
+        return Ok(Memory {
+            cache,
+            uploader: None,
+        });
+    }
+    let pool = WritePool::new(
+        settings.write_part_size as usize,
+        (settings.write_buffer_size / settings.write_part_size) as usize,
+        s3.rdma_mode() != s3rdma_client::RdmaMode::Off,
+    )?;
+    let uploader = Arc::new(Uploader::new(
+        s3.clone(),
+        rt.handle().clone(),
+        Arc::new(pool),
+        settings.upload_concurrency,
+    ));
+    info!(
+        bytes = settings.write_buffer_size,
+        part_size = settings.write_part_size,
+        max_file_size = uploader.max_file_size(),
+        "write buffers ready (mapped by the first write)"
+    );
+    Ok(Memory {
+        cache,
+        uploader: Some(uploader),
+    })
+}
+
+/// The staging area of a writable mount.
+fn staging(settings: &Settings) -> Result<Arc<StagingArea>, String> {
+    let dir = &settings.staging_dir;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "cannot create the staging directory {}: {e}; give a writable --staging-dir",
+            dir.display()
+        )
+    })?;
+    let limit = settings
+        .staging_size
+        .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
+    let area = StagingArea::open(dir, limit)?;
+    info!(dir = %dir.display(), limit, "staged files ready");
+    Ok(Arc::new(area))
+}
+
+/// The Prometheus endpoint (`--metrics-addr`), bound now so that a taken port fails start-up.
+fn serve_metrics(
+    rt: &tokio::runtime::Runtime,
+    settings: &Settings,
+    addr: std::net::SocketAddr,
+    rdma: s3rdma_client::RdmaMode,
+    report: Arc<dyn Report + Send + Sync>,
+) -> Result<(), String> {
+    let listener = rt.block_on(crate::metrics::bind(addr))?;
+    let info = crate::metrics::Info {
+        version: crate::cli::VERSION.to_string(),
+        provider: cuobj_ffi::provider().to_string(),
+        // The mode in effect (auto without an RDMA device runs as off).
+        rdma: format!("{rdma:?}").to_lowercase(),
+        bucket: settings.bucket.clone(),
+        prefix: settings.prefix.clone(),
+    };
+    rt.spawn(crate::metrics::serve(listener, report, info));
+    Ok(())
+}
+
+/// The kernel mount and its FUSE session.
+fn session(fs: S3Fs<S3Client>, mountpoint: &Path, settings: &Settings) -> Result<Session, String> {
     let mut config = fuser::Config::default();
-    config.mount_options = mount_options(&settings);
+    config.mount_options = mount_options(settings);
     config.acl = if settings.allow_other {
         SessionACL::All
     } else if settings.allow_root {
@@ -194,57 +285,37 @@ pub fn run(settings: Settings) -> ! {
     };
     config.n_threads = Some(settings.max_threads);
     config.clone_fd = true;
+    fuser::Session::new(fs, mountpoint, &config).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            " (is fusermount3 installed? apt-get install fuse3)"
+        } else {
+            ""
+        };
+        format!("cannot mount on {}: {e}{hint}", mountpoint.display())
+    })
+}
 
-    let session = match fuser::Session::new(fs, &mountpoint, &config) {
-        Ok(s) => s,
-        Err(e) => readiness.fail(&format!(
-            "cannot mount on {}: {e}{}",
-            mountpoint.display(),
-            if e.kind() == std::io::ErrorKind::NotFound {
-                " (is fusermount3 installed? apt-get install fuse3)"
-            } else {
-                ""
-            }
-        )),
-    };
-    let _ = notifier.set(session.notifier());
-    let dev = lifecycle::mount_dev(&mountpoint);
-    if let Some(dev) = &dev {
-        set_read_ahead(dev, settings.read_ahead_kb);
-    }
-    rt.spawn(lifecycle::on_signals(
-        term,
-        int,
-        lifecycle::Shutdown {
-            mountpoint: mountpoint.clone(),
-            dev: dev.clone(),
-            grace: settings.shutdown_grace,
-            control: control.clone(),
-        },
-    ));
+/// The counters as `name value` lines, for the stats file and the unmount log line.
+fn summary(report: &Arc<dyn Report + Send + Sync>) -> String {
+    let mut text = s3rdma_metrics::StatsText::default();
+    report.report(&mut text);
+    text.text
+}
 
-    info!(
-        bucket = %settings.bucket,
-        prefix = %settings.prefix,
-        mountpoint = %mountpoint.display(),
-        "mounted"
-    );
-    // The counters as `name value` lines, for the stats file and the unmount log line.
-    let summary = {
-        let report = report.clone();
-        move || {
-            let mut text = s3rdma_metrics::StatsText::default();
-            report.report(&mut text);
-            text.text
-        }
-    };
+/// The mount's background tasks: memory given back when idle, the stats file.
+fn background(
+    rt: &tokio::runtime::Runtime,
+    settings: &Settings,
+    memory: &Memory,
+    report: &Arc<dyn Report + Send + Sync>,
+) {
     // Memory unused for the idle timeout goes back to the system [S-MEM-GIVE-BACK].
     if !settings.memory_idle_timeout.is_zero() {
         let idle = settings.memory_idle_timeout;
-        let cache = cache.clone();
-        let pool = uploader.as_ref().map(|u| u.pool());
+        let cache = memory.cache.clone();
+        let pool = memory.uploader.as_ref().map(|u| u.pool());
         rt.spawn(async move {
-            let mut tick = tokio::time::interval((idle / 4).max(std::time::Duration::from_secs(1)));
+            let mut tick = tokio::time::interval((idle / 4).max(Duration::from_secs(1)));
             loop {
                 tick.tick().await;
                 let bytes = cache.give_back_idle(idle)
@@ -260,42 +331,41 @@ pub fn run(settings: Settings) -> ! {
         });
     }
     if let Some(path) = settings.stats_file.clone() {
-        let summary = summary.clone();
+        let report = report.clone();
         rt.spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                write_stats(&path, &summary());
+                write_stats(&path, &summary(&report));
             }
         });
     }
-    readiness.ready();
-    let result = match session.run() {
-        // The kernel reports an ended connection as ECONNABORTED when it was aborted, and at
-        // times when the last file of a lazily unmounted mount is closed: the session is over
-        // either way; what was lost, if anything, is counted by the aborted uploads below.
-        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
-            warn!("the kernel ended the FUSE connection");
-            Ok(())
-        }
-        r => r,
-    };
+}
+
+/// After the session: detach a mount the kernel left behind, log the counters, release every
+/// RDMA resource, and exit (1 if the session failed or files being written were lost).
+fn teardown(
+    settings: &Settings,
+    mountpoint: &Path,
+    mounted: Mounted,
+    result: std::io::Result<()>,
+) -> ! {
     // From here the process must end, whatever is stuck.
-    lifecycle::watchdog(std::time::Duration::from_secs(60), "final release");
+    lifecycle::watchdog(Duration::from_secs(60), "final release");
     if let Err(e) = &result {
         error!(error = %e, "FUSE session ended with an error");
     }
     // A connection ended by the kernel leaves its mount behind ("Transport endpoint is not
     // connected"): detach it, if it is still ours.
-    if lifecycle::is_mounted(&mountpoint, dev.as_deref()) {
-        match lifecycle::unmount(&mountpoint, true) {
+    if lifecycle::is_mounted(mountpoint, mounted.dev.as_deref()) {
+        match lifecycle::unmount(mountpoint, true) {
             Ok(()) => {
                 info!(mountpoint = %mountpoint.display(), "detached the mount left by the ended connection")
             }
             Err(e) => warn!(error = %e, "cannot detach the ended mount; run fusermount3 -uz on it"),
         }
     }
-    let summary_text = summary();
+    let summary_text = summary(&mounted.report);
     if let Some(path) = &settings.stats_file {
         write_stats(path, &summary_text);
     }
@@ -304,17 +374,34 @@ pub fn run(settings: Settings) -> ! {
         .map(|l| l.replacen(' ', "=", 1))
         .collect();
     info!(mountpoint = %mountpoint.display(), stats = %one_line.join(" "), "unmounted");
-    // Release everything registered with cuObject: tasks first (they hold blocks and
-    // tokens), then the cache and the write buffers.
-    // The disk cache first: its writer may be fetching a block on the runtime.
+    let aborted = mounted.control.aborted();
+    release(mounted);
+    if aborted > 0 {
+        error!(
+            files = aborted,
+            "exiting with an error: files being written were not stored (see the log above)"
+        );
+    }
+    std::process::exit(if result.is_err() || aborted > 0 { 1 } else { 0 })
+}
+
+/// Release everything registered with cuObject: the disk cache first (its writer may be
+/// fetching a block on the runtime), then the tasks (they hold blocks and tokens), then the
+/// cache and the write buffers; and say whether anything is still held.
+fn release(mounted: Mounted) {
+    let Mounted {
+        rt,
+        memory,
+        disk,
+        report,
+        ..
+    } = mounted;
     if let Some(d) = disk {
         d.close();
     }
-    rt.shutdown_timeout(std::time::Duration::from_secs(5));
-    drop(summary);
+    rt.shutdown_timeout(Duration::from_secs(5));
     drop(report);
-    drop(cache);
-    drop(uploader);
+    drop(memory);
     let live = cuobj_ffi::live();
     if live == cuobj_ffi::Live::default() {
         info!(
@@ -330,14 +417,6 @@ pub fn run(settings: Settings) -> ! {
             "RDMA resources still held at exit; the process exit releases them"
         );
     }
-    let aborted = control.aborted();
-    if aborted > 0 {
-        error!(
-            files = aborted,
-            "exiting with an error: files being written were not stored (see the log above)"
-        );
-    }
-    std::process::exit(if result.is_err() || aborted > 0 { 1 } else { 0 })
 }
 
 /// Raise the soft limit on open files to the hard one, as Go programs do and systemd advises for

@@ -574,194 +574,241 @@ pub fn parse_source(source: &str) -> Result<(String, String), String> {
     Ok((bucket.to_string(), prefix.to_string()))
 }
 
+/// The bucket and the normalised prefix (from the source or `--prefix`, not both), and a
+/// well-formed endpoint URL.
+fn bucket_and_prefix(cli: &Cli) -> Result<(String, String), String> {
+    let (bucket, src_prefix) = parse_source(&cli.source)?;
+    let raw_prefix = match (&cli.prefix, src_prefix.is_empty()) {
+        (Some(p), true) => p.clone(),
+        (Some(p), false) if *p != src_prefix => {
+            return Err(format!(
+                "two prefixes given: {src_prefix:?} in {:?} and --prefix {p:?}; give one",
+                cli.source
+            ))
+        }
+        _ => src_prefix,
+    };
+    let prefix = names::normalize_prefix(&raw_prefix)?;
+    if let Some(url) = &cli.endpoint_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "endpoint URL {url:?} must start with http:// or https://, e.g. http://127.0.0.1:8333"
+            ));
+        }
+    }
+    Ok((bucket, prefix))
+}
+
+/// The cache size and the read-ahead per file, checked against the read part size.
+fn read_memory(cli: &Cli) -> Result<(u64, u64), String> {
+    let read_part_size = cli.read_part_size;
+    let max_part = cuobj_ffi::max_registration_size() as u64;
+    if !(64 << 10..=max_part).contains(&read_part_size) {
+        return Err(format!(
+            "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit)"
+        ));
+    }
+    let cache_size = cli.cache_size.unwrap_or_else(default_cache_size);
+    if cache_size < 2 * read_part_size {
+        return Err(format!(
+            "cache size {cache_size} holds fewer than 2 read parts of {read_part_size} bytes; raise --cache-size or lower --read-part-size"
+        ));
+    }
+    let max_prefetch = cli.max_prefetch.unwrap_or((64 << 20).min(cache_size / 2));
+    if max_prefetch > cache_size / 2 {
+        return Err(format!(
+            "max prefetch {max_prefetch} is above half the cache ({cache_size} bytes): data fetched ahead would push out what is being read; lower --max-prefetch or raise --cache-size"
+        ));
+    }
+    Ok((cache_size, max_prefetch))
+}
+
+/// Counts, times and ids within their ranges.
+fn check_ranges(cli: &Cli) -> Result<(), String> {
+    in_range("max threads", cli.max_threads, 1, 1024)?;
+    in_range("max attempts", cli.max_attempts, 1, 100)?;
+    in_range("max inflight reads", cli.max_inflight_reads, 1, 1024)?;
+    in_range("read ahead (KiB)", cli.read_ahead_kb, 0, 1 << 20)?;
+    in_range("upload concurrency", cli.upload_concurrency, 1, 256)?;
+    // 0: every directory rename fails with EXDEV (mv copies).
+    in_range(
+        "max dir rename keys",
+        cli.max_dir_rename_keys,
+        0,
+        10_000_000,
+    )?;
+    let ms = Duration::from_millis;
+    let times = [
+        (
+            "memory idle timeout",
+            cli.memory_idle_timeout,
+            ms(0),
+            "0s (keep memory) to 7d",
+            7 * 24 * 3600,
+        ),
+        (
+            "shutdown grace",
+            cli.shutdown_grace,
+            ms(0),
+            "0s to 24h",
+            24 * 3600,
+        ),
+        (
+            "rdma init timeout",
+            cli.rdma_init_timeout,
+            ms(100),
+            "100ms to 10min",
+            600,
+        ),
+        (
+            "request timeout",
+            cli.request_timeout,
+            ms(100),
+            "100ms to 1h",
+            3600,
+        ),
+    ];
+    for (what, t, lo, range, hi) in times {
+        if !(lo..=Duration::from_secs(hi)).contains(&t) {
+            return Err(format!("{what} {t:?} is out of range; use {range}"));
+        }
+    }
+    for (name, id) in [("uid", cli.uid), ("gid", cli.gid)] {
+        if id == Some(u32::MAX) {
+            return Err(format!(
+                "{name} 4294967295 is not an id (it means \"no change\" to the kernel); give a real {name}"
+            ));
+        }
+    }
+    let threshold = cli.multipart_copy_threshold;
+    if !(5u64 << 20..=5 << 30).contains(&threshold) {
+        return Err(format!(
+            "multipart copy threshold {threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit)"
+        ));
+    }
+    Ok(())
+}
+
+/// The disk cache's and the staging area's settings checked; the staging directory.
+fn local_dirs(cli: &Cli) -> Result<PathBuf, String> {
+    if cli.cache_dir.is_none() && (cli.cache_dir_size.is_some() || cli.no_passthrough) {
+        return Err("--cache-dir-size and --no-passthrough need --cache-dir DIR".into());
+    }
+    if let Some(size) = cli.cache_dir_size.filter(|&s| s < 64 << 20) {
+        return Err(format!(
+            "cache dir size {size} is below 64MiB; give more, or leave --cache-dir out"
+        ));
+    }
+    if cli
+        .cache_dir
+        .as_ref()
+        .is_some_and(|d| d.as_os_str().is_empty())
+    {
+        return Err("cache dir is empty; give a directory on a local disk".into());
+    }
+    if cli
+        .staging_dir
+        .as_ref()
+        .is_some_and(|d| d.as_os_str().is_empty())
+    {
+        return Err("staging dir is empty; give a directory on a local disk".into());
+    }
+    if let Some(size) = cli.staging_size.filter(|&s| s < 1 << 20) {
+        return Err(format!(
+            "staging size {size} is below 1MiB; give more (staged files keep the bytes written to them until stored)"
+        ));
+    }
+    Ok(match (&cli.staging_dir, &cli.cache_dir) {
+        (Some(d), _) => d.clone(),
+        (None, Some(c)) => c.join("s3rdma-staging-v1"),
+        (None, None) => default_staging_dir(&cli.source, &cli.mountpoint),
+    })
+}
+
+/// Logging, region, who may use the mount and the metrics endpoint, checked; the metrics
+/// address.
+fn access(cli: &Cli) -> Result<Option<std::net::SocketAddr>, String> {
+    crate::logging::filter(&cli.log_level)?;
+    if cli.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err("region is empty; give one such as us-east-1, or leave it out".into());
+    }
+    let metrics_addr = match &cli.metrics_addr {
+        Some(a) => Some(crate::metrics::check_addr(a, cli.metrics_allow_remote)?),
+        None => None,
+    };
+    if cli.auto_unmount && !(cli.allow_other || cli.allow_root) {
+        return Err(
+            "--auto-unmount needs --allow-root or --allow-other (fusermount3 implements it only then)".into(),
+        );
+    }
+    if cli.allow_other && cli.allow_root {
+        return Err(
+            "give one of --allow-other and --allow-root (allow-other already includes root)".into(),
+        );
+    }
+    Ok(metrics_addr)
+}
+
+fn s3_options(cli: &Cli, bucket: &str) -> S3Options {
+    S3Options {
+        bucket: bucket.to_string(),
+        endpoint_url: cli.endpoint_url.clone(),
+        region: cli.region.clone(),
+        profile: cli.profile.clone(),
+        force_path_style: cli.force_path_style,
+        no_sign_request: cli.no_sign_request,
+        max_attempts: cli.max_attempts,
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: cli.request_timeout,
+        rdma: cli.rdma,
+        rdma_accept_206_200: cli.rdma_accept_206_200,
+        static_credentials: None,
+    }
+}
+
+fn fs_config(cli: &Cli, max_prefetch: u64) -> FsConfig {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    FsConfig {
+        uid: cli.uid.unwrap_or(uid),
+        gid: cli.gid.unwrap_or(gid),
+        file_mode: cli.file_mode,
+        dir_mode: cli.dir_mode,
+        metadata_ttl: cli.metadata_ttl,
+        negative_ttl: cli.negative_metadata_ttl.unwrap_or(cli.metadata_ttl),
+        read: ReadConfig {
+            part_size: cli.read_part_size,
+            max_prefetch,
+        },
+        direct_io: cli.direct_io,
+        read_only: cli.read_only,
+        file_metadata: !cli.no_file_metadata,
+        dir_markers: !cli.no_dir_markers,
+        max_dir_rename_keys: cli.max_dir_rename_keys,
+        multipart_copy_threshold: cli.multipart_copy_threshold,
+        open_trusts_metadata: cli.open_trusts_metadata,
+    }
+}
+
 impl Settings {
     pub fn from_cli(cli: Cli) -> Result<Settings, String> {
-        let (bucket, src_prefix) = parse_source(&cli.source)?;
-        let raw_prefix = match (&cli.prefix, src_prefix.is_empty()) {
-            (Some(p), true) => p.clone(),
-            (Some(p), false) if *p != src_prefix => {
-                return Err(format!(
-                    "two prefixes given: {src_prefix:?} in {:?} and --prefix {p:?}; give one",
-                    cli.source
-                ))
-            }
-            _ => src_prefix,
-        };
-        let prefix = names::normalize_prefix(&raw_prefix)?;
-        if let Some(url) = &cli.endpoint_url {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!(
-                    "endpoint URL {url:?} must start with http:// or https://, e.g. http://127.0.0.1:8333"
-                ));
-            }
-        }
-        let read_part_size = cli.read_part_size;
-        let max_part = cuobj_ffi::max_registration_size() as u64;
-        if !(64 << 10..=max_part).contains(&read_part_size) {
-            return Err(format!(
-                "read part size {read_part_size} is out of range; use 64KiB to {max_part} bytes (the RDMA registration limit)"
-            ));
-        }
-        let cache_size = cli.cache_size.unwrap_or_else(default_cache_size);
-        if cache_size < 2 * read_part_size {
-            return Err(format!(
-                "cache size {cache_size} holds fewer than 2 read parts of {read_part_size} bytes; raise --cache-size or lower --read-part-size"
-            ));
-        }
-        let max_threads = in_range("max threads", cli.max_threads, 1, 1024)?;
-        let memory_idle_timeout = cli.memory_idle_timeout;
-        if memory_idle_timeout > Duration::from_secs(7 * 24 * 3600) {
-            return Err(format!(
-                "memory idle timeout {memory_idle_timeout:?} is out of range; use 0s (keep memory) to 7d"
-            ));
-        }
-        let shutdown_grace = cli.shutdown_grace;
-        if shutdown_grace > Duration::from_secs(24 * 3600) {
-            return Err(format!(
-                "shutdown grace {shutdown_grace:?} is out of range; use 0s to 24h"
-            ));
-        }
-        let max_attempts = in_range("max attempts", cli.max_attempts, 1, 100)?;
-        let rdma_init_timeout = cli.rdma_init_timeout;
-        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&rdma_init_timeout) {
-            return Err(format!(
-                "rdma init timeout {rdma_init_timeout:?} is out of range; use 100ms to 10min"
-            ));
-        }
-        let request_timeout = cli.request_timeout;
-        if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&request_timeout) {
-            return Err(format!(
-                "request timeout {request_timeout:?} is out of range; use 100ms to 1h"
-            ));
-        }
-        for (name, id) in [("uid", cli.uid), ("gid", cli.gid)] {
-            if id == Some(u32::MAX) {
-                return Err(format!(
-                    "{name} 4294967295 is not an id (it means \"no change\" to the kernel); give a real {name}"
-                ));
-            }
-        }
-        let max_inflight_reads = in_range("max inflight reads", cli.max_inflight_reads, 1, 1024)?;
-        let read_ahead_kb = in_range("read ahead (KiB)", cli.read_ahead_kb, 0, 1 << 20)?;
-        let max_prefetch = cli.max_prefetch.unwrap_or((64 << 20).min(cache_size / 2));
-        if max_prefetch > cache_size / 2 {
-            return Err(format!(
-                "max prefetch {max_prefetch} is above half the cache ({cache_size} bytes): data fetched ahead would push out what is being read; lower --max-prefetch or raise --cache-size"
-            ));
-        }
-        let multipart_copy_threshold = cli.multipart_copy_threshold;
-        if !(5u64 << 20..=5 << 30).contains(&multipart_copy_threshold) {
-            return Err(format!(
-                "multipart copy threshold {multipart_copy_threshold} is out of range; use 5MiB to 5GiB (S3's CopyObject limit)"
-            ));
-        }
-        if cli.cache_dir.is_none() && (cli.cache_dir_size.is_some() || cli.no_passthrough) {
-            return Err("--cache-dir-size and --no-passthrough need --cache-dir DIR".into());
-        }
-        if let Some(size) = cli.cache_dir_size {
-            if size < 64 << 20 {
-                return Err(format!(
-                    "cache dir size {size} is below 64MiB; give more, or leave --cache-dir out"
-                ));
-            }
-        }
-        if let Some(dir) = &cli.cache_dir {
-            if dir.as_os_str().is_empty() {
-                return Err("cache dir is empty; give a directory on a local disk".into());
-            }
-        }
-        if cli
-            .staging_dir
-            .as_ref()
-            .is_some_and(|d| d.as_os_str().is_empty())
-        {
-            return Err("staging dir is empty; give a directory on a local disk".into());
-        }
-        if let Some(size) = cli.staging_size {
-            if size < 1 << 20 {
-                return Err(format!(
-                    "staging size {size} is below 1MiB; give more (staged files keep the bytes written to them until stored)"
-                ));
-            }
-        }
-        let staging_dir = match (&cli.staging_dir, &cli.cache_dir) {
-            (Some(d), _) => d.clone(),
-            (None, Some(c)) => c.join("s3rdma-staging-v1"),
-            (None, None) => default_staging_dir(&cli.source, &cli.mountpoint),
-        };
-        crate::logging::filter(&cli.log_level)?;
-        if cli.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
-            return Err("region is empty; give one such as us-east-1, or leave it out".into());
-        }
-        let metrics_addr = match &cli.metrics_addr {
-            Some(a) => Some(crate::metrics::check_addr(a, cli.metrics_allow_remote)?),
-            None => None,
-        };
-        if cli.auto_unmount && !(cli.allow_other || cli.allow_root) {
-            return Err(
-                "--auto-unmount needs --allow-root or --allow-other (fusermount3 implements it only then)".into(),
-            );
-        }
-        if cli.allow_other && cli.allow_root {
-            return Err(
-                "give one of --allow-other and --allow-root (allow-other already includes root)"
-                    .into(),
-            );
-        }
+        let (bucket, prefix) = bucket_and_prefix(&cli)?;
+        let (cache_size, max_prefetch) = read_memory(&cli)?;
+        check_ranges(&cli)?;
+        let staging_dir = local_dirs(&cli)?;
+        let metrics_addr = access(&cli)?;
         let (write_part_size, write_buffer_size) =
             write_sizes(cli.write_part_size, cli.write_buffer_size)?;
-        let upload_concurrency = in_range("upload concurrency", cli.upload_concurrency, 1, 256)?;
-        // 0: every directory rename fails with EXDEV (mv copies).
-        let max_dir_rename_keys = in_range(
-            "max dir rename keys",
-            cli.max_dir_rename_keys,
-            0,
-            10_000_000,
-        )?;
         let memory = ram();
         if cache_size.saturating_add(write_buffer_size) > memory {
             return Err(format!(
                 "cache size {cache_size} plus write buffer {write_buffer_size} bytes exceed this machine's memory ({memory} bytes); both are pinned: lower --cache-size or --write-buffer-size"
             ));
         }
-        let metadata_ttl = cli.metadata_ttl;
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Ok(Settings {
-            s3: S3Options {
-                bucket: bucket.clone(),
-                endpoint_url: cli.endpoint_url,
-                region: cli.region,
-                profile: cli.profile,
-                force_path_style: cli.force_path_style,
-                no_sign_request: cli.no_sign_request,
-                max_attempts,
-                connect_timeout: Duration::from_secs(5),
-                request_timeout,
-                rdma: cli.rdma,
-                rdma_accept_206_200: cli.rdma_accept_206_200,
-                static_credentials: None,
-            },
-            rdma_init_timeout,
-            fs: FsConfig {
-                uid: cli.uid.unwrap_or(uid),
-                gid: cli.gid.unwrap_or(gid),
-                file_mode: cli.file_mode,
-                dir_mode: cli.dir_mode,
-                metadata_ttl,
-                negative_ttl: cli.negative_metadata_ttl.unwrap_or(metadata_ttl),
-                read: ReadConfig {
-                    part_size: read_part_size,
-                    max_prefetch,
-                },
-                direct_io: cli.direct_io,
-                read_only: cli.read_only,
-                file_metadata: !cli.no_file_metadata,
-                dir_markers: !cli.no_dir_markers,
-                max_dir_rename_keys,
-                multipart_copy_threshold,
-                open_trusts_metadata: cli.open_trusts_metadata,
-            },
+            s3: s3_options(&cli, &bucket),
+            rdma_init_timeout: cli.rdma_init_timeout,
+            fs: fs_config(&cli, max_prefetch),
             bucket,
             prefix,
             mountpoint: cli.mountpoint,
@@ -770,20 +817,20 @@ impl Settings {
             allow_root: cli.allow_root,
             auto_unmount: cli.auto_unmount,
             foreground: cli.foreground,
-            max_threads,
-            shutdown_grace,
+            max_threads: cli.max_threads,
+            shutdown_grace: cli.shutdown_grace,
             log_level: cli.log_level,
             log_file: cli.log_file,
             stats_file: cli.stats_file,
             metrics_addr,
             kernel_flags: cli.kernel_flag.iter().map(|f| kernel_flag(f)).collect(),
             cache_size,
-            memory_idle_timeout,
-            max_inflight_reads,
-            read_ahead_kb,
+            memory_idle_timeout: cli.memory_idle_timeout,
+            max_inflight_reads: cli.max_inflight_reads,
+            read_ahead_kb: cli.read_ahead_kb,
             write_part_size,
             write_buffer_size,
-            upload_concurrency,
+            upload_concurrency: cli.upload_concurrency,
             passthrough: !cli.no_passthrough,
             cache_dir: cli.cache_dir,
             cache_dir_size: cli.cache_dir_size,
