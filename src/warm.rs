@@ -131,18 +131,9 @@ fn read_through(path: &Path, progress: &Progress) -> std::io::Result<()> {
 /// The `warm` command; returns the exit status.
 pub fn run(args: &WarmArgs) -> i32 {
     let (jobs, paths) = (usize::from(args.jobs), args.paths.as_slice());
-    for p in paths {
-        if let Err(e) = std::fs::symlink_metadata(p) {
-            eprintln!("s3rdma warm: error: {}: {e}", p.display());
-            return 1;
-        }
-        if is_cached(p).is_none() {
-            eprintln!(
-                "s3rdma warm: error: {} is not on an s3rdma mount with a disk cache; mount with --cache-dir DIR",
-                p.display()
-            );
-            return 1;
-        }
+    if let Err(msg) = check_paths(paths) {
+        eprintln!("s3rdma warm: error: {msg}");
+        return 1;
     }
     let mut files = Vec::new();
     let mut errors = Vec::new();
@@ -166,7 +157,50 @@ pub fn run(args: &WarmArgs) -> i32 {
         human(progress.total_bytes),
         cached.len()
     );
-    let queue = Arc::new(Mutex::new(todo.clone()));
+    let failures = read_all(&todo, jobs, &progress, errors);
+    // The daemon writes to its disk behind the reads: wait for it (bounded).
+    let pending = wait_cached(todo.into_iter().map(|(p, _)| p).collect());
+    for f in &failures {
+        eprintln!("s3rdma warm: error: {f}");
+    }
+    let not_cached = pending.saturating_sub(failures.len());
+    if not_cached > 0 {
+        eprintln!(
+            "s3rdma warm: {not_cached} files were read but are not in the disk cache (too large for it, the cache is full of files in use, or it turned itself off; see the mount's log)"
+        );
+    }
+    eprintln!(
+        "s3rdma warm: done in {:.1} s: {} read, {} files now cached",
+        progress.start.elapsed().as_secs_f64(),
+        human(progress.bytes.load(Ordering::Relaxed)),
+        progress.total_files + cached.len() - pending.min(progress.total_files)
+    );
+    i32::from(!(failures.is_empty() && not_cached == 0))
+}
+
+/// Each path exists and is on an s3rdma mount with a disk cache.
+fn check_paths(paths: &[PathBuf]) -> Result<(), String> {
+    for p in paths {
+        std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if is_cached(p).is_none() {
+            return Err(format!(
+                "{} is not on an s3rdma mount with a disk cache; mount with --cache-dir DIR",
+                p.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Read `todo` through the mount with `jobs` threads, showing progress; the failures (after
+/// `errors`, those of the walk).
+fn read_all(
+    todo: &[(PathBuf, u64)],
+    jobs: usize,
+    progress: &Arc<Progress>,
+    errors: Vec<String>,
+) -> Vec<String> {
+    let queue = Arc::new(Mutex::new(todo.to_vec()));
     let failures = Arc::new(Mutex::new(errors));
     let workers: Vec<_> = (0..jobs.min(todo.len().max(1)))
         .map(|_| {
@@ -201,35 +235,19 @@ pub fn run(args: &WarmArgs) -> i32 {
         let _ = w.join();
     }
     progress.show(true);
-    // The daemon writes to its disk behind the reads: wait for it (bounded).
+    let failures = failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    failures
+}
+
+/// Wait (at most 2 minutes) until the mount says each file is in its disk cache; how many
+/// are not.
+fn wait_cached(mut pending: Vec<PathBuf>) -> usize {
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut pending: Vec<PathBuf> = todo.into_iter().map(|(p, _)| p).collect();
     loop {
         pending.retain(|p| is_cached(p) != Some(true));
         if pending.is_empty() || Instant::now() >= deadline {
-            break;
+            return pending.len();
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
-    let failures = failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for f in &failures {
-        eprintln!("s3rdma warm: error: {f}");
-    }
-    let not_cached = pending.len().saturating_sub(failures.len());
-    if not_cached > 0 {
-        eprintln!(
-            "s3rdma warm: {not_cached} files were read but are not in the disk cache (too large for it, the cache is full of files in use, or it turned itself off; see the mount's log)"
-        );
-    }
-    eprintln!(
-        "s3rdma warm: done in {:.1} s: {} read, {} files now cached",
-        progress.start.elapsed().as_secs_f64(),
-        human(progress.bytes.load(Ordering::Relaxed)),
-        progress.total_files + cached.len() - pending.len().min(progress.total_files)
-    );
-    if failures.is_empty() && not_cached == 0 {
-        0
-    } else {
-        1
     }
 }

@@ -762,80 +762,12 @@ impl<S: ObjectStore> S3Fs<S> {
             warn!(key = %inode.key(), "file is being written in this mount; it can be read once it is closed");
             return Err(Errno::EBUSY);
         }
-        // Close-to-open: every open asks S3 for the current version and pins its ETag. The
-        // kernel's lookup right before this open may already have asked: an answer younger
-        // than OPEN_REVALIDATE_WINDOW is that same question (a listing is not: it may be old).
-        let now = Instant::now();
-        let trusted = if self.cfg.open_trusts_metadata {
-            inode.fresh_stat(now).filter(|s| !s.etag.is_empty())
-        } else {
-            None
-        };
-        let stat = match trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
-            Some(stat) => stat,
-            None => {
-                let info = self.rt.block_on(self.ask_file(&inode)).map_err(|e| {
-                    inode.invalidate();
-                    self.fail("open", &e)
-                })?;
-                let stat = Stat::from(&info);
-                inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                stat
-            }
-        };
-        let previous = inode.swap_opened_etag(&stat.etag);
-        let changed = previous.as_ref().is_some_and(|e| *e != stat.etag);
-        if changed {
-            // The kernel may hold the old version's size and pages: drop both before the
-            // first read.
-            if let Some(n) = self.notifier.get() {
-                if let Err(e) = n.inval_inode(INodeNo(ino), 0, 0) {
-                    debug!(ino, error = %e, "inval_inode failed");
-                }
-            }
-        }
-        // Keep the kernel's pages only if they are of this very version.
-        let keep_cache = previous.is_some() && !changed;
-        if let Some(cached) = self
-            .disk
-            .as_ref()
-            .and_then(|d| d.lookup(inode.key(), &stat.etag, stat.size))
-        {
-            let fh = self.handles.next_fh();
-            let backing = reply.and_then(|r| {
-                self.pass.backing_for(
-                    ino,
-                    inode.key(),
-                    &stat.etag,
-                    &cached,
-                    r,
-                    self.disk.as_deref(),
-                )
-            });
-            let (flags, cached_mode) = match &backing {
-                Some(_) => (FopenFlags::FOPEN_NOFLUSH, false),
-                None => self
-                    .pass
-                    .read_open_flags(ino, keep_cache, self.cfg.direct_io),
-            };
-            let file = DiskFile {
-                key: inode.key().to_string(),
-                etag: stat.etag.to_string(),
-                cached,
-                passthrough: backing.is_some(),
-                cached_mode,
-            };
-            self.lock_files()
-                .insert(fh, Arc::new(OpenFile::Disk(ino, file)));
-            return Ok(match backing {
-                Some(b) => {
-                    if let Some(d) = &self.disk {
-                        d.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Opened::Passthrough(fh, flags, b)
-                }
-                None => Opened::Plain(fh, flags),
-            });
+        let stat = self.open_version(&inode)?;
+        let keep_cache = self.keep_kernel_pages(&inode, &stat);
+        let cached = self.disk.as_ref();
+        let cached = cached.and_then(|d| d.lookup(inode.key(), &stat.etag, stat.size));
+        if let Some(cached) = cached {
+            return Ok(self.open_cached(&inode, &stat, cached, keep_cache, reply));
         }
         let reader = ObjectReader::new(
             self.cache.clone(),
@@ -856,6 +788,86 @@ impl<S: ObjectStore> S3Fs<S> {
             Arc::new(OpenFile::Read(ino, reader.with_cached_mode(cached_mode))),
         );
         Ok(Opened::Plain(fh, flags))
+    }
+
+    /// The version an open for reading pins. Close-to-open: every open asks S3 for the current
+    /// version. The kernel's lookup right before this open may already have asked: an answer
+    /// younger than OPEN_REVALIDATE_WINDOW is that same question (a listing is not: it may be
+    /// old).
+    fn open_version(&self, inode: &Inode) -> FsResult<Stat> {
+        let now = Instant::now();
+        let trusted = if self.cfg.open_trusts_metadata {
+            inode.fresh_stat(now).filter(|s| !s.etag.is_empty())
+        } else {
+            None
+        };
+        if let Some(stat) = trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
+            return Ok(stat);
+        }
+        let info = self.rt.block_on(self.ask_file(inode)).map_err(|e| {
+            inode.invalidate();
+            self.fail("open", &e)
+        })?;
+        let stat = Stat::from(&info);
+        inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        Ok(stat)
+    }
+
+    /// Whether the kernel's pages of `inode` are of the version `stat` (kept across the open);
+    /// a changed version drops its pages and size first.
+    fn keep_kernel_pages(&self, inode: &Inode, stat: &Stat) -> bool {
+        let previous = inode.swap_opened_etag(&stat.etag);
+        let changed = previous.as_ref().is_some_and(|e| *e != stat.etag);
+        if changed {
+            if let Some(n) = self.notifier.get() {
+                if let Err(e) = n.inval_inode(INodeNo(inode.ino), 0, 0) {
+                    debug!(ino = inode.ino, error = %e, "inval_inode failed");
+                }
+            }
+        }
+        previous.is_some() && !changed
+    }
+
+    /// An open served from the disk cache: by FUSE passthrough when the kernel takes the
+    /// backing file, else by the daemon's reads of it.
+    fn open_cached(
+        &self,
+        inode: &Inode,
+        stat: &Stat,
+        cached: crate::diskcache::CachedFile,
+        keep_cache: bool,
+        reply: Option<&ReplyOpen>,
+    ) -> Opened {
+        let (ino, fh) = (inode.ino, self.handles.next_fh());
+        let disk = self.disk.as_deref();
+        let backing = reply.and_then(|r| {
+            self.pass
+                .backing_for(ino, inode.key(), &stat.etag, &cached, r, disk)
+        });
+        let (flags, cached_mode) = match &backing {
+            Some(_) => (FopenFlags::FOPEN_NOFLUSH, false),
+            None => self
+                .pass
+                .read_open_flags(ino, keep_cache, self.cfg.direct_io),
+        };
+        let file = DiskFile {
+            key: inode.key().to_string(),
+            etag: stat.etag.to_string(),
+            cached,
+            passthrough: backing.is_some(),
+            cached_mode,
+        };
+        self.lock_files()
+            .insert(fh, Arc::new(OpenFile::Disk(ino, file)));
+        match backing {
+            Some(b) => {
+                if let Some(d) = disk {
+                    d.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                }
+                Opened::Passthrough(fh, flags, b)
+            }
+            None => Opened::Plain(fh, flags),
+        }
     }
 
     fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData<S>> {
@@ -893,101 +905,100 @@ impl<S: ObjectStore> S3Fs<S> {
                 self.ns
                     .known
                     .listed(inode.ino, now, entries.iter().map(|(n, _)| n.as_str()));
-                (
-                    self.ns.listings.put(inode.ino, now, generation, entries),
-                    false,
-                )
+                let listing = self.ns.listings.put(inode.ino, now, generation, entries);
+                (listing, false)
             }
         };
         debug!(key = %inode.key(), entries = listing.entries.len(), cached, "listed");
-        let until = self.ttl_from(listing.at);
         let mut out = Vec::with_capacity(listing.entries.len() + 2);
         let parent = self.inodes.get(inode.parent).unwrap_or_else(|| {
             self.inodes
                 .get(ROOT_INO)
                 .expect("the root inode always exists")
         });
-        let dir_stat = self.dir_stat();
-        let at = listing.at;
-        out.push(DirEntryOut::ready(
-            ".".into(),
-            at,
-            self.attr(inode, &dir_stat),
-            None,
-        ));
-        out.push(DirEntryOut::ready(
-            "..".into(),
-            at,
-            self.attr(&parent, &dir_stat),
-            None,
-        ));
+        let (dir_stat, at) = (self.dir_stat(), listing.at);
+        for (name, dir) in [(".", inode), ("..", &*parent)] {
+            let attr = self.attr(dir, &dir_stat);
+            out.push(DirEntryOut::ready(name.into(), at, attr, None));
+        }
         // Directories this mount keeps whatever S3 says (made here, or holding one or a file
         // being written).
         let kept = self.local_dirs_in(inode.ino);
         for (name, listed) in &listing.entries {
-            let (child, stat) = match listed {
-                Listed::Dir => {
-                    let prefix = names::dir_prefix_of(&names::child_key(inode.key(), name));
-                    let child = self.inodes.upsert_child(inode.ino, name, Kind::Dir, prefix);
-                    let stat = self.listed_stat(&child, dir_stat.clone(), cached, until, now);
+            out.extend(self.listed_entry(inode, name, listed, &kept, cached, now, at));
+        }
+        self.local_entries(inode, kept, at, &mut out);
+        Ok(DirOut { entries: out })
+    }
+
+    /// The entry of `name` in a listing of `dir` made at `at` (`cached`: reused); none for a
+    /// file hidden by a directory of this mount (in `kept`).
+    #[allow(clippy::too_many_arguments)]
+    fn listed_entry(
+        &self,
+        dir: &Inode,
+        name: &str,
+        listed: &Listed,
+        kept: &[Arc<Inode>],
+        cached: bool,
+        now: Instant,
+        at: Instant,
+    ) -> Option<DirEntryOut> {
+        let until = self.ttl_from(at);
+        let (child, stat) = match listed {
+            Listed::Dir => {
+                let prefix = names::dir_prefix_of(&names::child_key(dir.key(), name));
+                let child = self.inodes.upsert_child(dir.ino, name, Kind::Dir, prefix);
+                let stat = self.listed_stat(&child, self.dir_stat(), cached, until, now);
+                (child, stat)
+            }
+            // A directory made in this mount wins over a file another client stored under the
+            // same name since [S-NS-CLASH].
+            Listed::File(_) if kept.iter().any(|c| c.name() == name) => {
+                let key = names::child_key(dir.key(), name);
+                self.log_hidden(&key, "a directory of the same name exists");
+                return None;
+            }
+            Listed::File(info) => match self.listed_file(dir, name, info) {
+                Some((child, stat)) => {
+                    let stat = self.listed_stat(&child, stat, cached, until, now);
                     (child, stat)
                 }
-                Listed::File(info) => {
-                    // A directory made in this mount wins over a file another client stored
-                    // under the same name since [S-NS-CLASH].
-                    if kept.iter().any(|c| c.name() == *name) {
-                        let key = names::child_key(inode.key(), name);
-                        self.log_hidden(&key, "a directory of the same name exists");
-                        continue;
-                    }
-                    match self.listed_file(inode, name, info) {
-                        Some((child, stat)) => {
-                            let stat = self.listed_stat(&child, stat, cached, until, now);
-                            (child, stat)
-                        }
-                        None => {
-                            out.push(DirEntryOut {
-                                name: name.clone(),
-                                at,
-                                told: Told::Unknown,
-                            });
-                            continue;
-                        }
-                    }
+                None => {
+                    let told = Told::Unknown;
+                    return Some(DirEntryOut {
+                        name: name.to_string(),
+                        at,
+                        told,
+                    });
                 }
-            };
-            let stat = self.local_stat(child.ino).unwrap_or(stat);
-            let attr = self.attr(&child, &stat);
-            out.push(DirEntryOut::ready(name.clone(), at, attr, Some(child)));
-        }
-        // Directories made here and files being written exist in this mount before S3 has
-        // them.
-        for child in kept {
-            if !out.iter().any(|e| e.name == child.name()) {
-                let attr = self.attr(&child, &dir_stat);
-                out.push(DirEntryOut::ready(
-                    child.name().to_string(),
-                    at,
-                    attr,
-                    Some(child),
-                ));
-            }
-        }
-        for (ino, stat) in self.local_files_in(inode.ino) {
-            let Some(child) = self.inodes.get(ino) else {
-                continue;
-            };
+            },
+        };
+        let stat = self.local_stat(child.ino).unwrap_or(stat);
+        let attr = self.attr(&child, &stat);
+        Some(DirEntryOut::ready(name.to_string(), at, attr, Some(child)))
+    }
+
+    /// Directories made here and files being written exist in this mount before S3 has them:
+    /// added to `out` where the listing did not have them.
+    fn local_entries(
+        &self,
+        dir: &Inode,
+        kept: Vec<Arc<Inode>>,
+        at: Instant,
+        out: &mut Vec<DirEntryOut>,
+    ) {
+        let dir_stat = self.dir_stat();
+        let files = self.local_files_in(dir.ino).into_iter();
+        let files = files.filter_map(|(ino, stat)| Some((self.inodes.get(ino)?, stat)));
+        let kept = kept.into_iter().map(|c| (c, dir_stat.clone()));
+        for (child, stat) in kept.chain(files) {
             if !out.iter().any(|e| e.name == child.name()) {
                 let attr = self.attr(&child, &stat);
-                out.push(DirEntryOut::ready(
-                    child.name().to_string(),
-                    at,
-                    attr,
-                    Some(child),
-                ));
+                let name = child.name().to_string();
+                out.push(DirEntryOut::ready(name, at, attr, Some(child)));
             }
         }
-        Ok(DirOut { entries: out })
     }
 
     /// A listed file whose type and attributes HeadObject told at `at` (see `kinds`).
