@@ -284,36 +284,10 @@ impl<S: ObjectStore> S3Fs<S> {
         if dst_key == src.key() {
             return Ok(());
         }
-        let dst = match self.resolve(new_parent, OsStr::new(new_name)) {
-            Ok((inode, _)) => Some(inode),
-            Err(Errno::ENOENT) => None,
-            Err(e) => return Err(e),
-        };
-        if let Some(d) = &dst {
-            if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-                return Err(Errno::EEXIST);
-            }
-            if d.kind == Kind::Dir {
-                return Err(Errno::EISDIR);
-            }
-            if self.writing(d.ino).is_some() {
-                return Err(Errno::EBUSY);
-            }
-        }
+        let dst = self.rename_target(new_parent, new_name, flags)?;
+        let to = (new_parent, new_name, dst_key.as_str());
         if let Some(s) = self.acquire_staged(src.ino) {
-            let r = self.rename_staged(&s, &dst_key, dst.is_some());
-            if r.is_err() {
-                let _ = self.release_staged(src.ino, &s);
-                return r;
-            }
-            if let Some(d) = dst.as_deref().and_then(|d| self.staged(d.ino)) {
-                d.replaced();
-            }
-            self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
-            // Its last handle gone, it is stored now, under the new name.
-            self.release_staged(src.ino, &s)?;
-            debug!(from = %src.key(), to = %dst_key, "renamed while staged");
-            return Ok(());
+            return self.rename_staged_file(&src, &s, dst.as_deref(), to);
         }
         // A staged file replaced by the rename stores nothing any more.
         if let Some(d) = dst.as_deref().and_then(|d| self.staged(d.ino)) {
@@ -326,8 +300,67 @@ impl<S: ObjectStore> S3Fs<S> {
             debug!(from = %src.key(), to = %dst_key, "renamed while being written");
             return Ok(());
         }
-        // The source as it is now: its ETag makes the copy conditional, its attributes go
-        // along.
+        self.rename_stored(&src, dst.as_deref(), to)
+    }
+
+    /// What a file rename to `new_name` in `new_parent` replaces (a file, or nothing), or why
+    /// it may not.
+    fn rename_target(
+        &self,
+        new_parent: u64,
+        new_name: &str,
+        flags: RenameFlags,
+    ) -> FsResult<Option<Arc<Inode>>> {
+        let dst = match self.resolve(new_parent, OsStr::new(new_name)) {
+            Ok((inode, _)) => inode,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            return Err(Errno::EEXIST);
+        }
+        if dst.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        if self.writing(dst.ino).is_some() {
+            return Err(Errno::EBUSY);
+        }
+        Ok(Some(dst))
+    }
+
+    /// The rename of a staged file `src` (acquired as `s`) to `to` (parent, name, key): it is
+    /// stored under the new name once its last handle is gone.
+    fn rename_staged_file(
+        &self,
+        src: &Inode,
+        s: &Arc<super::staged::Staged<S>>,
+        dst: Option<&Inode>,
+        (new_parent, new_name, dst_key): (u64, &str, &str),
+    ) -> FsResult<()> {
+        let r = self.rename_staged(s, dst_key, dst.is_some());
+        if r.is_err() {
+            let _ = self.release_staged(src.ino, s);
+            return r;
+        }
+        if let Some(d) = dst.and_then(|d| self.staged(d.ino)) {
+            d.replaced();
+        }
+        self.moved(src, dst, new_parent, new_name, dst_key, None);
+        // Its last handle gone, it is stored now, under the new name.
+        self.release_staged(src.ino, s)?;
+        debug!(from = %src.key(), to = %dst_key, "renamed while staged");
+        Ok(())
+    }
+
+    /// The rename of a stored file: a server-side copy conditional on the source's ETag (its
+    /// attributes, and changes not written back yet, go along), then the source's delete in
+    /// the background (see `deletes`).
+    fn rename_stored(
+        &self,
+        src: &Inode,
+        dst: Option<&Inode>,
+        (new_parent, new_name, dst_key): (u64, &str, &str),
+    ) -> FsResult<()> {
         // Attribute changes not written back yet go along with the copy (when it copies the
         // version they were made on).
         let pending = self.attrs.take(src.ino);
@@ -338,7 +371,9 @@ impl<S: ObjectStore> S3Fs<S> {
                 _ => meta,
             }
         };
-        let copied = self.copy_known(&src, "rename", |info| (dst_key.clone(), with_changes(info)));
+        let copied = self.copy_known(src, "rename", |info| {
+            (dst_key.to_string(), with_changes(info))
+        });
         let (info, etag) = match copied {
             Ok(c) => c,
             Err(e) => {
@@ -352,24 +387,15 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(p) = &pending {
             self.attrs.renamed(p, p.base.etag == info.etag);
         }
-        // The copy holds the bytes and attributes: the source's delete finishes in the
-        // background (see `deletes`).
-        self.deletes.start(src.key(), &dst_key);
+        self.deletes.start(src.key(), dst_key);
         let stat = Stat::from(&ObjectInfo {
-            key: dst_key.clone(),
+            key: dst_key.to_string(),
             size: info.size,
             etag,
             last_modified: SystemTime::now(),
             meta: Some(meta),
         });
-        self.moved(
-            &src,
-            dst.as_deref(),
-            new_parent,
-            new_name,
-            &dst_key,
-            Some(stat),
-        );
+        self.moved(src, dst, new_parent, new_name, dst_key, Some(stat));
         debug!(from = %src.key(), to = %dst_key, "renamed");
         Ok(())
     }
@@ -504,23 +530,8 @@ impl<S: ObjectStore> S3Fs<S> {
             }
             return self.do_getattr(ino);
         }
-        // Counted as a handle meanwhile, so that a last release running now cannot drop the
-        // change; if no other handle is left, the change is stored at once.
-        if let Some(s) = self.acquire_staged(ino) {
-            // Its last handle has just gone (the kernel's release races the `utimes` that
-            // `rsync` sends after `close`) and its bytes are stored: the state is dropped and the
-            // change deferred as for any stored file (below), not stored by a copy of its own.
-            let closing = set.size.is_none()
-                && s.handles() == 1
-                && !s.file.is_dirty()
-                && s.file.base().is_some();
-            if !closing {
-                let r = self.setattr_staged(&s, set.size, &change);
-                let stored = self.release_staged(ino, &s);
-                r.and(stored)?;
-                return self.do_getattr(ino);
-            }
-            self.release_staged(ino, &s)?;
+        if self.setattr_staged_file(ino, set.size, &change)? {
+            return self.do_getattr(ino);
         }
         if let Some(w) = self.writing(ino) {
             if let Some(size) = set.size {
@@ -534,60 +545,82 @@ impl<S: ObjectStore> S3Fs<S> {
                 return self.do_getattr(ino);
             }
         }
-        if set.size.is_none() && change.is_empty() {
-            return self.do_getattr(ino);
-        }
-        let info = match set.size {
+        match set.size {
+            None if change.is_empty() => self.do_getattr(ino),
             // Only attributes: written back shortly, by one copy for all the changes that
             // follow (see `attrs`), onto the version this mount knows.
             None => {
                 let base = self.known_version(&inode, "setattr")?;
                 let stat = Stat::from(&base);
                 self.attrs.defer(inode.clone(), base, &change);
-                return Ok(self.attr(&inode, &stat));
+                Ok(self.attr(&inode, &stat))
             }
-            Some(_) => {
-                self.store_attrs(ino)?;
-                self.rt
-                    .block_on(self.s3.head(inode.key()))
-                    .map_err(|e| self.fail("setattr", &e))?
-            }
+            Some(size) => self.truncate_stored_file(&inode, size, &change),
+        }
+    }
+
+    /// `setattr` of a staged file: applied to it and `true`, or `false` when it is not staged
+    /// (any more). Counted as a handle meanwhile, so that a last release running now cannot
+    /// drop the change; if no other handle is left, the change is stored at once.
+    fn setattr_staged_file(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        change: &FileMeta,
+    ) -> FsResult<bool> {
+        let Some(s) = self.acquire_staged(ino) else {
+            return Ok(false);
         };
-        let meta = info.meta.clone().unwrap_or_default().merged(&change);
-        let (etag, size) = match set.size {
-            Some(0) => {
-                let etag = self
-                    .rt
-                    .block_on(self.s3.put_object_if(
-                        inode.key(),
-                        PutSource::Plain(&[]),
-                        &Condition::IfMatch(info.etag.clone()),
-                        &meta,
-                    ))
-                    .map_err(|e| self.fail("truncate", &e))?;
-                (etag, 0)
-            }
-            Some(n) if n != info.size && self.can_stage() => {
-                // Staged for the moment: the unchanged bytes are copied on the server.
-                self.truncate_stored(&inode, &info, n, &change)?;
-                return self.do_getattr(ino);
-            }
-            Some(n) if n != info.size => {
-                warn!(key = %inode.key(), size = n, "an object can only be truncated to 0 (or rewritten with O_TRUNC) on a mount that cannot stage files");
-                return Err(Errno::EOPNOTSUPP);
-            }
-            _ => {
-                let etag = self
-                    .rt
-                    .block_on(self.s3.copy_object(
-                        &info,
-                        inode.key(),
-                        &meta,
-                        self.cfg.multipart_copy_threshold,
-                    ))
-                    .map_err(|e| self.fail("setattr", &e))?;
-                (etag, info.size)
-            }
+        // Its last handle has just gone (the kernel's release races the `utimes` that `rsync`
+        // sends after `close`) and its bytes are stored: the state is dropped and the change
+        // deferred as for any stored file, not stored by a copy of its own.
+        let closing =
+            size.is_none() && s.handles() == 1 && !s.file.is_dirty() && s.file.base().is_some();
+        if closing {
+            self.release_staged(ino, &s)?;
+            return Ok(false);
+        }
+        let r = self.setattr_staged(&s, size, change);
+        let stored = self.release_staged(ino, &s);
+        r.and(stored)?;
+        Ok(true)
+    }
+
+    /// `truncate` of a stored file (with the attribute `change`): to 0 an empty object in its
+    /// place, to its size a copy onto itself, to another size the file staged (the unchanged
+    /// bytes copied on the server), all conditional on its ETag.
+    fn truncate_stored_file(
+        &self,
+        inode: &Arc<Inode>,
+        size: u64,
+        change: &FileMeta,
+    ) -> FsResult<FileAttr> {
+        self.store_attrs(inode.ino)?;
+        let info = self
+            .rt
+            .block_on(self.s3.head(inode.key()))
+            .map_err(|e| self.fail("setattr", &e))?;
+        let meta = info.meta.clone().unwrap_or_default().merged(change);
+        let etag = if size == 0 {
+            let unchanged = Condition::IfMatch(info.etag.clone());
+            let put = self
+                .s3
+                .put_object_if(inode.key(), PutSource::Plain(&[]), &unchanged, &meta);
+            self.rt
+                .block_on(put)
+                .map_err(|e| self.fail("truncate", &e))?
+        } else if size != info.size && self.can_stage() {
+            self.truncate_stored(inode, &info, size, change)?;
+            return self.do_getattr(inode.ino);
+        } else if size != info.size {
+            warn!(key = %inode.key(), size, "an object can only be truncated to 0 (or rewritten with O_TRUNC) on a mount that cannot stage files");
+            return Err(Errno::EOPNOTSUPP);
+        } else {
+            let threshold = self.cfg.multipart_copy_threshold;
+            let copy = self.s3.copy_object(&info, inode.key(), &meta, threshold);
+            self.rt
+                .block_on(copy)
+                .map_err(|e| self.fail("setattr", &e))?
         };
         let now = Instant::now();
         let stat = Stat::from(&ObjectInfo {
@@ -601,6 +634,6 @@ impl<S: ObjectStore> S3Fs<S> {
         if size != info.size {
             inode.forget_opened();
         }
-        Ok(self.attr(&inode, &stat))
+        Ok(self.attr(inode, &stat))
     }
 }
