@@ -566,61 +566,11 @@ impl<S: ObjectStore> Upload<S> {
             return Err(self.drop_unlinked().await);
         }
         let stored = match self.upload_id.clone() {
-            None if self.target.is_some() => {
-                let chunk = self.chunk.take();
-                let part = chunk.map(|c| c.into_part(self.fill));
-                let src = match &part {
-                    Some(p) => p.source(),
-                    None => PutSource::Plain(&[]),
-                };
-                let target = self.target.clone().unwrap_or_else(|| self.key.clone());
-                let r = self
-                    .up
-                    .s3
-                    .put_object_if(&target, src, &Condition::None, &self.meta)
-                    .await;
-                if r.is_ok() {
-                    self.drop_replaced().await;
-                }
-                r
-            }
-            None => {
-                let chunk = self.chunk.take();
-                let part = chunk.map(|c| c.into_part(self.fill));
-                let src = match &part {
-                    Some(p) => p.source(),
-                    None => PutSource::Plain(&[]),
-                };
-                self.up
-                    .s3
-                    .put_object_if(&self.key, src, &self.cond, &self.meta)
-                    .await
-            }
-            Some(id) => {
-                if self.fill > 0 {
-                    if let Err(e) = self.submit().await {
-                        return Err(self.fail(e).await);
-                    }
-                }
-                if let Err(e) = self.drain().await {
-                    return Err(self.fail(e).await);
-                }
-                self.done.sort_unstable_by_key(|(n, _)| *n);
-                match self
-                    .up
-                    .s3
-                    .complete_multipart_if(&self.key, &id, &self.done, &self.cond)
-                    .await
-                {
-                    // HTTP 200 with a body that could not be read: the upload may well be
-                    // complete; the server knows.
-                    Err(e) if e.status == Some(200) && self.target.is_none() => {
-                        warn!(key = %self.key, error = %e, "unreadable answer to CompleteMultipartUpload");
-                        Ok(String::new())
-                    }
-                    r => r,
-                }
-            }
+            None => self.put_whole().await,
+            Some(id) => match self.complete(&id).await {
+                Ok(r) => r,
+                Err(e) => return Err(self.fail(e).await),
+            },
         };
         let stored = match (stored, self.target.clone(), self.upload_id.is_some()) {
             // Completed under the old key: move it where it was renamed to.
@@ -632,59 +582,109 @@ impl<S: ObjectStore> Upload<S> {
             r => r,
         };
         match stored {
-            Ok(etag) => {
-                self.upload_id = None;
-                let mut info = ObjectInfo {
-                    key: self.target.as_deref().unwrap_or(&self.key).to_string(),
-                    size: self.size,
-                    etag,
-                    last_modified: SystemTime::now(),
-                    meta: Some(self.meta_sent.clone().unwrap_or_else(|| self.meta.clone())),
-                };
-                // Attributes set after the multipart upload began: a copy onto itself.
-                if info.meta.as_ref() != Some(&self.meta) {
-                    match self
-                        .up
-                        .s3
-                        .copy_object(&info, &info.key, &self.meta, MAX_PART_BYTES)
-                        .await
-                    {
-                        Ok(etag) => {
-                            info.etag = etag;
-                            info.meta = Some(self.meta.clone());
-                        }
-                        Err(e) => {
-                            warn!(key = %self.key, error = %e, "the file is stored, but the attributes set while it was written (mode, owner, times) could not be")
-                        }
-                    }
-                }
-                self.up
-                    .stats
-                    .objects_written
-                    .fetch_add(1, Ordering::Relaxed);
-                self.up
-                    .stats
-                    .bytes_written
-                    .fetch_add(self.size, Ordering::Relaxed);
-                debug!(key = %self.key, size = self.size, parts = self.done.len(), "object stored");
-                self.state = State::Committed(info.clone());
-                Ok(info)
-            }
+            Ok(etag) => Ok(self.stored(etag).await),
             Err(e) => {
-                let e = match (&self.cond, e.kind) {
-                    (Condition::IfNoneMatch, S3ErrorKind::PreconditionFailed) => {
-                        WriteError::Exists(e)
-                    }
-                    // Replaced (412), or deleted (S3 answers a conditional PUT of a missing
-                    // key with 404).
-                    (
-                        Condition::IfMatch(_),
-                        S3ErrorKind::PreconditionFailed | S3ErrorKind::NotFound,
-                    ) => WriteError::Changed(e),
-                    _ => WriteError::S3(e),
-                };
+                let e = self.write_error(e);
                 Err(self.fail(e).await)
             }
+        }
+    }
+
+    /// A file that never began a multipart upload: one PutObject, conditional as opened (or,
+    /// renamed while written, unconditional under the new name, the old one then deleted).
+    async fn put_whole(&mut self) -> Result<String, S3Error> {
+        let chunk = self.chunk.take();
+        let part = chunk.map(|c| c.into_part(self.fill));
+        let src = match &part {
+            Some(p) => p.source(),
+            None => PutSource::Plain(&[]),
+        };
+        let Some(target) = self.target.clone() else {
+            let put = self
+                .up
+                .s3
+                .put_object_if(&self.key, src, &self.cond, &self.meta);
+            return put.await;
+        };
+        let r = self
+            .up
+            .s3
+            .put_object_if(&target, src, &Condition::None, &self.meta)
+            .await;
+        if r.is_ok() {
+            self.drop_replaced().await;
+        }
+        r
+    }
+
+    /// The last part, then CompleteMultipartUpload of upload `id` (its answer); a part that
+    /// failed is the error.
+    async fn complete(&mut self, id: &str) -> Result<Result<String, S3Error>, WriteError> {
+        if self.fill > 0 {
+            self.submit().await?;
+        }
+        self.drain().await?;
+        self.done.sort_unstable_by_key(|(n, _)| *n);
+        let done = self
+            .up
+            .s3
+            .complete_multipart_if(&self.key, id, &self.done, &self.cond)
+            .await;
+        Ok(match done {
+            // HTTP 200 with a body that could not be read: the upload may well be complete;
+            // the server knows.
+            Err(e) if e.status == Some(200) && self.target.is_none() => {
+                warn!(key = %self.key, error = %e, "unreadable answer to CompleteMultipartUpload");
+                Ok(String::new())
+            }
+            r => r,
+        })
+    }
+
+    /// The file is stored as `etag`: what it is (attributes set after the multipart upload
+    /// began go on by a copy onto itself), counted.
+    async fn stored(&mut self, etag: String) -> ObjectInfo {
+        self.upload_id = None;
+        let mut info = ObjectInfo {
+            key: self.target.as_deref().unwrap_or(&self.key).to_string(),
+            size: self.size,
+            etag,
+            last_modified: SystemTime::now(),
+            meta: Some(self.meta_sent.clone().unwrap_or_else(|| self.meta.clone())),
+        };
+        if info.meta.as_ref() != Some(&self.meta) {
+            let copy = self
+                .up
+                .s3
+                .copy_object(&info, &info.key, &self.meta, MAX_PART_BYTES);
+            match copy.await {
+                Ok(etag) => {
+                    info.etag = etag;
+                    info.meta = Some(self.meta.clone());
+                }
+                Err(e) => {
+                    warn!(key = %self.key, error = %e, "the file is stored, but the attributes set while it was written (mode, owner, times) could not be")
+                }
+            }
+        }
+        let stats = &self.up.stats;
+        stats.objects_written.fetch_add(1, Ordering::Relaxed);
+        stats.bytes_written.fetch_add(self.size, Ordering::Relaxed);
+        debug!(key = %self.key, size = self.size, parts = self.done.len(), "object stored");
+        self.state = State::Committed(info.clone());
+        info
+    }
+
+    /// What a failed store means for the writer, by the condition it was made on.
+    fn write_error(&self, e: S3Error) -> WriteError {
+        match (&self.cond, e.kind) {
+            (Condition::IfNoneMatch, S3ErrorKind::PreconditionFailed) => WriteError::Exists(e),
+            // Replaced (412), or deleted (S3 answers a conditional PUT of a missing key with
+            // 404).
+            (Condition::IfMatch(_), S3ErrorKind::PreconditionFailed | S3ErrorKind::NotFound) => {
+                WriteError::Changed(e)
+            }
+            _ => WriteError::S3(e),
         }
     }
 
