@@ -43,6 +43,46 @@ const MIN_LIMIT: u64 = 64 << 20;
 /// Data files kept open at most (each pins about 1 KiB of kernel memory: file, dentry, inode).
 const MAX_OPEN_FILES: usize = 16384;
 
+/// `limit`, or less where the file system of `root` (holding `used` bytes of the cache) has
+/// less room: 95 % of what is free, with one warning.
+fn limit_within_room(dir: &Path, root: &Path, limit: u64, used: u64) -> u64 {
+    let avail = store::available(root).unwrap_or(u64::MAX);
+    let room = used.saturating_add(avail / 100 * 95);
+    if room >= limit {
+        return limit;
+    }
+    warn!(
+        requested = limit,
+        usable = room,
+        dir = %dir.display(),
+        "the cache directory's file system has less room than --cache-dir-size; the disk cache is limited to what fits"
+    );
+    room
+}
+
+/// The writer thread: runs the jobs of `rx` (blocks to write behind reads); when idle,
+/// fetches blocks the cache had to drop, until blocks are offered again. Ends with the cache.
+fn write_behind(cache: &std::sync::Weak<DiskCache>, rx: &std::sync::mpsc::Receiver<Job>) {
+    loop {
+        match rx.recv_timeout(REFILL_POLL) {
+            Ok(job) => {
+                let Some(c) = cache.upgrade() else { break };
+                c.run(job);
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let Some(c) = cache.upgrade() else { break };
+                while c.refill_one() {
+                    if let Ok(job) = rx.try_recv() {
+                        c.run(job);
+                        break;
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
 /// How many entries may keep their data file open: a quarter of the descriptors the process
 /// may hold, at most MAX_OPEN_FILES.
 fn fd_budget() -> usize {
@@ -230,31 +270,20 @@ impl DiskCache {
             std::fs::metadata(&root).map_or(4096, |m| m.blksize().clamp(512, 1 << 20) as u32)
         };
         let (found, used) = store::scan(&root);
-        let avail = store::available(&root).unwrap_or(u64::MAX);
-        let room = used.saturating_add(avail / 100 * 95);
-        let mut limit_now = limit;
-        if room < limit {
-            warn!(
-                requested = limit,
-                usable = room,
-                dir = %dir.display(),
-                "the cache directory's file system has less room than --cache-dir-size; the disk cache is limited to what fits"
-            );
-            limit_now = room;
-        }
-        let mut entries = HashMap::new();
-        for (name, meta) in found {
-            entries.insert(
-                name,
-                Entry {
+        let limit_now = limit_within_room(dir, &root, limit, used);
+        let entries: HashMap<_, _> = found
+            .into_iter()
+            .map(|(name, meta)| {
+                let entry = Entry {
                     meta,
                     last_use: 0,
                     verified: false,
                     file: None,
                     attached: None,
-                },
-            );
-        }
+                };
+                (name, entry)
+            })
+            .collect();
         info!(dir = %root.display(), entries = entries.len(), bytes = used, limit = limit_now, "disk cache opened");
         let cache = Arc::new(DiskCache {
             root,
@@ -296,25 +325,7 @@ impl DiskCache {
         let weak = Arc::downgrade(&cache);
         let handle = std::thread::Builder::new()
             .name("s3rdma-diskcache".into())
-            .spawn(move || loop {
-                match rx.recv_timeout(REFILL_POLL) {
-                    Ok(job) => {
-                        let Some(c) = weak.upgrade() else { break };
-                        c.run(job);
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        let Some(c) = weak.upgrade() else { break };
-                        // Idle: fetch dropped blocks, until blocks are offered again.
-                        while c.refill_one() {
-                            if let Ok(job) = rx.try_recv() {
-                                c.run(job);
-                                break;
-                            }
-                        }
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            })
+            .spawn(move || write_behind(&weak, &rx))
             .map_err(|e| format!("cannot start the disk cache writer: {e}"))?;
         *cache.tx.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         *cache.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -484,42 +495,15 @@ impl DiskCache {
                 return;
             }
             if !st.partials.contains_key(&name) {
-                if size > st.limit / 2 {
-                    return;
-                }
-                if st.partials.len() >= MAX_PARTIALS {
-                    st.drop_oldest_partial(self);
-                }
-                let target = st.limit.saturating_sub(size);
-                if !st.evict_to(target, self) {
-                    return;
-                }
-                let file = match store::create_part(&self.root, &name, size) {
-                    Ok(f) => f,
+                match self.begin_partial(&mut st, &name, key, etag, size) {
+                    Ok(true) => {}
+                    Ok(false) => return,
                     Err(e) => {
                         drop(st);
                         self.failed(&name, &e);
                         return;
                     }
-                };
-                st.used += size;
-                st.clock += 1;
-                let born = st.clock;
-                st.partials.insert(
-                    name.clone(),
-                    Partial {
-                        meta: Meta::new(&self.bucket, key, etag, size, self.block_size),
-                        file: Arc::new(file),
-                        have: vec![false; blocks],
-                        queued: vec![false; blocks],
-                        lost: vec![false; blocks],
-                        lost_count: 0,
-                        missing: blocks,
-                        born,
-                        last_offer: Instant::now(),
-                        refill_failures: 0,
-                    },
-                );
+                }
             }
             let Some(p) = st.partials.get_mut(&name) else {
                 return;
@@ -553,6 +537,47 @@ impl DiskCache {
                 p.lose(index as usize);
             }
         }
+    }
+
+    /// Make room for, and start, the partial file of object `key` at `etag` (`name`), whose
+    /// blocks are then offered one by one; false when it is not to be cached (over half the
+    /// cache, or no room without evicting entries in use).
+    fn begin_partial(
+        &self,
+        st: &mut State,
+        name: &str,
+        key: &str,
+        etag: &str,
+        size: u64,
+    ) -> std::io::Result<bool> {
+        if size > st.limit / 2 {
+            return Ok(false);
+        }
+        if st.partials.len() >= MAX_PARTIALS {
+            st.drop_oldest_partial(self);
+        }
+        let target = st.limit.saturating_sub(size);
+        if !st.evict_to(target, self) {
+            return Ok(false);
+        }
+        let file = store::create_part(&self.root, name, size)?;
+        let blocks = size.div_ceil(self.block_size) as usize;
+        st.used += size;
+        st.clock += 1;
+        let partial = Partial {
+            meta: Meta::new(&self.bucket, key, etag, size, self.block_size),
+            file: Arc::new(file),
+            have: vec![false; blocks],
+            queued: vec![false; blocks],
+            lost: vec![false; blocks],
+            lost_count: 0,
+            missing: blocks,
+            born: st.clock,
+            last_offer: Instant::now(),
+            refill_failures: 0,
+        };
+        st.partials.insert(name.to_string(), partial);
+        Ok(true)
     }
 
     /// Where the cache gets dropped blocks from (set once, by the file system).
