@@ -7,6 +7,9 @@
 //!
 //!   nullfs MOUNTPOINT SIZE_BYTES [ENTRIES]      (unmount to stop)
 
+// Tests and benchmark tools may keep a table of steps in one function.
+#![allow(clippy::too_many_lines)]
+
 use std::ffi::OsStr;
 use std::time::{Duration, SystemTime};
 

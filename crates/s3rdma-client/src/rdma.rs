@@ -297,6 +297,59 @@ impl TransportStats {
     }
 }
 
+/// A counter as reported: (name in `s3rdma stats`, help, counter, name in /metrics when it
+/// differs).
+type Reported<'a> = (
+    &'static str,
+    &'static str,
+    &'a AtomicU64,
+    Option<&'static str>,
+);
+
+impl TransportStats {
+    /// The RDMA counters, as reported.
+    fn rdma_counters(&self) -> [Reported<'_>; 6] {
+        [
+            (
+                "tokens",
+                "RDMA tokens minted (one per RDMA attempt).",
+                &self.tokens_minted,
+                Some("rdma_tokens"),
+            ),
+            (
+                "declines",
+                "Requests the endpoint declined to serve over RDMA.",
+                &self.declines,
+                Some("rdma_declines"),
+            ),
+            (
+                "fallbacks",
+                "Declined requests moved over HTTP instead (rdma=auto).",
+                &self.fallbacks,
+                Some("rdma_fallbacks"),
+            ),
+            (
+                "rdma_pauses",
+                "Times rdma=auto stopped sending tokens after declines in a row.",
+                &self.rdma_pauses,
+                None,
+            ),
+            (
+                "rdma_paused_requests",
+                "Requests sent over HTTP without trying RDMA during a pause.",
+                &self.rdma_paused_requests,
+                None,
+            ),
+            (
+                "reply_errors",
+                "RDMA replies that did not match the request (refused, moved over HTTP or failed).",
+                &self.reply_errors,
+                Some("rdma_reply_errors"),
+            ),
+        ]
+    }
+}
+
 impl Report for TransportStats {
     fn report(&self, out: &mut dyn Sink) {
         const MOVED: &str = "Object bytes moved, by direction and transport.";
@@ -319,48 +372,13 @@ impl Report for TransportStats {
             let labels: &[(&str, &str)] = &[("direction", direction), ("transport", transport)];
             out.value(Value::counter(stat, MOVED, load(c)).exported("transfer_bytes", labels));
         }
-        out.value(
-            Value::counter(
-                "tokens",
-                "RDMA tokens minted (one per RDMA attempt).",
-                load(&self.tokens_minted),
-            )
-            .exported("rdma_tokens", &[]),
-        );
-        out.value(
-            Value::counter(
-                "declines",
-                "Requests the endpoint declined to serve over RDMA.",
-                load(&self.declines),
-            )
-            .exported("rdma_declines", &[]),
-        );
-        out.value(
-            Value::counter(
-                "fallbacks",
-                "Declined requests moved over HTTP instead (rdma=auto).",
-                load(&self.fallbacks),
-            )
-            .exported("rdma_fallbacks", &[]),
-        );
-        out.value(Value::counter(
-            "rdma_pauses",
-            "Times rdma=auto stopped sending tokens after declines in a row.",
-            load(&self.rdma_pauses),
-        ));
-        out.value(Value::counter(
-            "rdma_paused_requests",
-            "Requests sent over HTTP without trying RDMA during a pause.",
-            load(&self.rdma_paused_requests),
-        ));
-        out.value(
-            Value::counter(
-                "reply_errors",
-                "RDMA replies that did not match the request (refused, moved over HTTP or failed).",
-                load(&self.reply_errors),
-            )
-            .exported("rdma_reply_errors", &[]),
-        );
+        for (stat, help, c, exported) in self.rdma_counters() {
+            let v = Value::counter(stat, help, load(c));
+            out.value(match exported {
+                Some(name) => v.exported(name, &[]),
+                None => v,
+            });
+        }
         out.value(
             Value::gauge(
                 "requests_in_flight",

@@ -24,6 +24,8 @@
 //! RDMA tokens are served only to a connection whose user may access the token's process
 //! (root, or the process's own user), as the kernel would allow process_vm_readv.
 
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 mod faulty;
 mod forward;
 pub mod http_layer;
@@ -293,26 +295,7 @@ impl Endpoint {
         mut req: S3Request<s3s::dto::GetObjectInput>,
     ) -> S3Result<S3Response<s3s::dto::GetObjectOutput>> {
         let Some(tok) = Self::token(&req.headers, &req.extensions)? else {
-            self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
-            let fault = self.next_fault("GetObject", false);
-            Self::plain_error(fault).await?;
-            let mut resp = s3s::S3::get_object(&self.proxy, req).await?;
-            if !matches!(fault, Fault::Reset | Fault::Trickle(_)) {
-                return Ok(resp);
-            }
-            if let Some(body) = resp.output.body.take() {
-                let data = s3s::Body::from(body)
-                    .store_all_limited(usize::MAX)
-                    .await
-                    .map_err(|e| transfer_failed(format!("backend body: {e}")))?;
-                resp.output.body = Some(match fault {
-                    Fault::Trickle(ms) => {
-                        faulty::FaultyBody::trickle(data, Duration::from_millis(ms))
-                    }
-                    _ => faulty::FaultyBody::reset(data),
-                });
-            }
-            return Ok(resp);
+            return self.get_object_plain(req).await;
         };
         req.headers.remove(TOKEN_HEADER);
         let fault = self.next_fault("GetObject", true);
@@ -337,6 +320,58 @@ impl Endpoint {
             _ => {}
         }
         let mut resp = s3s::S3::get_object(&self.proxy, req).await?;
+        let len = self.write_body(&mut resp, &tok, fault).await?;
+        let reply = if resp.output.content_range.is_some() {
+            206
+        } else {
+            200
+        };
+        resp.output.content_length = Some(0);
+        resp.output.body = Some(StreamingBlob::from(s3s::Body::empty()));
+        if fault == Fault::BadReply {
+            resp.headers
+                .insert(REPLY_HEADER, HeaderValue::from_static("2x6"));
+            resp.headers
+                .insert(BYTES_HEADER, HeaderValue::from_static("12abc"));
+            return Ok(resp);
+        }
+        resp.headers.extend(rdma_headers(reply, Some(len)));
+        Ok(resp)
+    }
+
+    /// A GET without a token: passed through, with the faults a plain request can suffer.
+    async fn get_object_plain(
+        &self,
+        req: S3Request<s3s::dto::GetObjectInput>,
+    ) -> S3Result<S3Response<s3s::dto::GetObjectOutput>> {
+        self.stats.plain_requests.fetch_add(1, Ordering::Relaxed);
+        let fault = self.next_fault("GetObject", false);
+        Self::plain_error(fault).await?;
+        let mut resp = s3s::S3::get_object(&self.proxy, req).await?;
+        if !matches!(fault, Fault::Reset | Fault::Trickle(_)) {
+            return Ok(resp);
+        }
+        if let Some(body) = resp.output.body.take() {
+            let data = s3s::Body::from(body)
+                .store_all_limited(usize::MAX)
+                .await
+                .map_err(|e| transfer_failed(format!("backend body: {e}")))?;
+            resp.output.body = Some(match fault {
+                Fault::Trickle(ms) => faulty::FaultyBody::trickle(data, Duration::from_millis(ms)),
+                _ => faulty::FaultyBody::reset(data),
+            });
+        }
+        Ok(resp)
+    }
+
+    /// The body of `resp` written into the client's window of `tok` (spoilt as `fault` says);
+    /// the bytes written.
+    async fn write_body(
+        &self,
+        resp: &mut S3Response<s3s::dto::GetObjectOutput>,
+        tok: &LoopbackToken,
+        fault: Fault,
+    ) -> S3Result<u64> {
         let body = resp
             .output
             .body
@@ -357,28 +392,13 @@ impl Endpoint {
             }
             _ => {}
         }
-        write_to_client(&tok, &data).map_err(transfer_failed)?;
+        write_to_client(tok, &data).map_err(transfer_failed)?;
         self.stats.rdma_gets.fetch_add(1, Ordering::Relaxed);
+        let len = data.len() as u64;
         self.stats
             .bytes_written_to_clients
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        let reply = if resp.output.content_range.is_some() {
-            206
-        } else {
-            200
-        };
-        resp.output.content_length = Some(0);
-        resp.output.body = Some(StreamingBlob::from(s3s::Body::empty()));
-        if fault == Fault::BadReply {
-            resp.headers
-                .insert(REPLY_HEADER, HeaderValue::from_static("2x6"));
-            resp.headers
-                .insert(BYTES_HEADER, HeaderValue::from_static("12abc"));
-            return Ok(resp);
-        }
-        resp.headers
-            .extend(rdma_headers(reply, Some(data.len() as u64)));
-        Ok(resp)
+            .fetch_add(len, Ordering::Relaxed);
+        Ok(len)
     }
 
     /// For PUT and UploadPart: the bytes to store, moved from the client's memory and checked

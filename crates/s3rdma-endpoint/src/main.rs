@@ -2,14 +2,16 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use clap::Parser;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use s3rdma_endpoint::http_layer::{self, Peer};
+use s3rdma_endpoint::{Endpoint, FaultPlan};
 use s3s::auth::SimpleAuth;
-use s3s::service::S3ServiceBuilder;
+use s3s::service::{S3Service, S3ServiceBuilder};
 
 /// Serve S3 on loopback in front of BACKEND, moving payloads of requests that carry a loopback
 /// RDMA token straight to and from the client's registered memory.
@@ -43,27 +45,46 @@ struct Args {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
-        Ok(f) => f,
+    init_logging(&args.log_level);
+    if !args.listen.ip().is_loopback() {
+        eprintln!("s3rdma-endpoint: error: --listen {} is not a loopback address; this test endpoint serves 127.0.0.1 or ::1 only", args.listen);
+        std::process::exit(2);
+    }
+    let (service, faults) = service(&args);
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
         Err(e) => {
             eprintln!(
-                "s3rdma-endpoint: error: --log-level {:?}: {e}",
-                args.log_level
+                "s3rdma-endpoint: error: cannot listen on {}: {e}",
+                args.listen
             );
+            std::process::exit(1);
+        }
+    };
+    tracing::info!(listen = %args.listen, backend = %args.backend, "s3rdma-endpoint ready");
+    serve(listener, service, faults).await;
+}
+
+/// Logs to stderr, filtered by `--log-level`; colours only for a terminal (the tests redirect
+/// stderr to a log file).
+fn init_logging(level: &str) {
+    let filter = match tracing_subscriber::EnvFilter::try_new(level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("s3rdma-endpoint: error: --log-level {level:?}: {e}");
             std::process::exit(2);
         }
     };
-    // Colours only for a terminal: the tests redirect stderr to a log file.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    if !args.listen.ip().is_loopback() {
-        eprintln!("s3rdma-endpoint: error: --listen {} is not a loopback address; this test endpoint serves 127.0.0.1 or ::1 only", args.listen);
-        std::process::exit(2);
-    }
+}
+
+/// The S3 service in front of the backend, and its fault plan.
+fn service(args: &Args) -> (S3Service, Arc<FaultPlan>) {
     let conf = aws_sdk_s3::config::Builder::new()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(&args.backend)
@@ -77,28 +98,18 @@ async fn main() {
         ))
         .force_path_style(true)
         .build();
-    let faults = std::sync::Arc::new(s3rdma_endpoint::FaultPlan::new(args.fault_file.clone()));
-    let endpoint =
-        s3rdma_endpoint::Endpoint::new(aws_sdk_s3::Client::from_conf(conf), faults.clone());
-    let service = {
-        let mut b = S3ServiceBuilder::new(endpoint);
-        b.set_auth(SimpleAuth::from_single(
-            args.access_key.clone(),
-            args.secret_key.clone(),
-        ));
-        b.build()
-    };
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!(
-                "s3rdma-endpoint: error: cannot listen on {}: {e}",
-                args.listen
-            );
-            std::process::exit(1);
-        }
-    };
-    tracing::info!(listen = %args.listen, backend = %args.backend, "s3rdma-endpoint ready");
+    let faults = Arc::new(FaultPlan::new(args.fault_file.clone()));
+    let endpoint = Endpoint::new(aws_sdk_s3::Client::from_conf(conf), faults.clone());
+    let mut b = S3ServiceBuilder::new(endpoint);
+    b.set_auth(SimpleAuth::from_single(
+        args.access_key.clone(),
+        args.secret_key.clone(),
+    ));
+    (b.build(), faults)
+}
+
+/// Serve connections until SIGTERM or SIGINT, then let those under way finish (at most 5 s).
+async fn serve(listener: tokio::net::TcpListener, service: S3Service, faults: Arc<FaultPlan>) {
     let http = ConnBuilder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = std::pin::pin!(async {

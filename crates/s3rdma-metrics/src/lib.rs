@@ -17,6 +17,8 @@
 //! and one for the sum. Its count is the sum of its buckets at the moment it is read, so an
 //! exposition's `+Inf` bucket always equals its `_count`.
 
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
