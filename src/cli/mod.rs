@@ -922,15 +922,15 @@ mod tests {
         }
     }
 
-    /// The README's option table has a row for every flag and none more, and each default it
-    /// gives is the one clap applies (written once, in `Cli`).
+    /// The option table (docs/options.md) has a row for every flag and none more, and each
+    /// default it gives is the one clap applies (written once, in `Cli`).
     #[test]
-    fn the_readme_option_table_is_the_flags_with_their_defaults() {
-        let readme = include_str!("../../README.md");
+    fn the_option_table_in_docs_is_the_flags_with_their_defaults() {
+        let readme = include_str!("../../docs/options.md");
         let table = readme
             .split("| Flag | `-o` | Default | What it does |")
             .nth(1)
-            .expect("README's option table");
+            .expect("the option table (docs/options.md)");
         let mut rows = std::collections::BTreeMap::new();
         for row in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
             let cells: Vec<&str> = row.split('|').map(str::trim).collect();
@@ -950,19 +950,20 @@ mod tests {
                 continue;
             }
             let row = rows.get(long);
-            let row = row.unwrap_or_else(|| panic!("README's option table has no --{long}"));
+            let row =
+                row.unwrap_or_else(|| panic!("the option table (docs/options.md) has no --{long}"));
             if let Some(default) = arg.get_default_values().first() {
                 assert_eq!(
                     row,
                     &default.to_string_lossy(),
-                    "--{long}'s default in README"
+                    "--{long}'s default in docs/options.md"
                 );
             }
         }
         for long in rows.keys() {
             assert!(
                 flags.iter().any(|a| a.get_long() == Some(long)),
-                "README's option table has --{long}, which is no flag"
+                "the option table (docs/options.md) has --{long}, which is no flag"
             );
         }
     }

@@ -244,6 +244,7 @@ fn the_top_level_is_the_binary_package_and_the_libraries_are_under_crates() {
         "scripts/test.sh",
         "scripts/demo.sh",
         "README.md",
+        "docs/options.md",
     ] {
         assert!(
             root.join(path).exists(),
@@ -263,4 +264,64 @@ fn the_top_level_is_the_binary_package_and_the_libraries_are_under_crates() {
             "crates/{name}: a library's name"
         );
     }
+}
+
+/// The GitHub anchor of a Markdown heading's text.
+fn slug(heading: &str) -> String {
+    let kept: String = heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .collect();
+    kept.replace(' ', "-")
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fence = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        fence ^= line.starts_with("```");
+        if let Some(h) = line.strip_prefix('#').filter(|_| !fence) {
+            out.insert(slug(h.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_in_the_readme_and_the_docs_resolves() {
+    let root = repo_root();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    docs.push(root.join("README.md"));
+    let mut checked = 0;
+    for doc in docs {
+        let text = std::fs::read_to_string(&doc).expect("doc");
+        for link in text.split("](").skip(1) {
+            let target = link.split([')', ' ']).next().unwrap_or_default();
+            if target.contains("://") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let file = match path {
+                "" => doc.clone(),
+                p => doc.parent().expect("dir").join(p),
+            };
+            assert!(file.exists(), "{}: {target} does not exist", doc.display());
+            if !anchor.is_empty() {
+                let text = std::fs::read_to_string(&file).expect("linked doc");
+                assert!(
+                    anchors(&text).contains(anchor),
+                    "{}: {target} names no heading",
+                    doc.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} links");
 }
