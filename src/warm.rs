@@ -5,6 +5,7 @@
 //! finish writing them to its cache directory. Progress goes to stderr: a bar on a terminal,
 //! a line every 5 s otherwise.
 
+use s3rdma_proto::sync::Lock;
 use std::ffi::CString;
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -206,13 +207,10 @@ fn read_all(
         .map(|_| {
             let (queue, progress, failures) = (queue.clone(), progress.clone(), failures.clone());
             std::thread::spawn(move || loop {
-                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                let next = queue.locked().pop();
                 let Some((path, _)) = next else { break };
                 if let Err(e) = read_through(&path, &progress) {
-                    failures
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(format!("{}: {e}", path.display()));
+                    failures.locked().push(format!("{}: {e}", path.display()));
                 }
                 progress.files.fetch_add(1, Ordering::Relaxed);
             })
@@ -235,7 +233,7 @@ fn read_all(
         let _ = w.join();
     }
     progress.show(true);
-    let failures = failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let failures = failures.locked().clone();
     failures
 }
 

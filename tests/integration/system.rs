@@ -3,6 +3,7 @@
 //! /usr/local/bin/s3rdma to the binary under test for its duration (and skips if another
 //! s3rdma is installed there).
 
+use s3rdma_proto::sync::Lock;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -17,7 +18,7 @@ static LINK_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Linked {
     fn new() -> Option<Linked> {
-        let guard = LINK_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = LINK_USERS.locked();
         let target = Path::new(INSTALLED);
         match std::fs::read_link(target) {
             Ok(p) if p == Path::new(bin()) => return Some(Linked(guard)),

@@ -6,6 +6,7 @@
 //! `x-amz-content-sha256: UNSIGNED-PAYLOAD`; the SDK's own checksums run only "when required";
 //! PUT carries `x-amz-checksum-crc64nvme` of the real payload.
 
+use s3rdma_proto::sync::Lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -232,7 +233,7 @@ impl TransportStats {
                 "endpoint declined RDMA; moving this request over HTTP (later declines log at DEBUG; see declines in s3rdma stats)"
             );
         }
-        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.pause.locked();
         self.pause_engaged.store(true, Ordering::Relaxed);
         p.in_a_row += 1;
         if p.in_a_row >= DECLINES_TO_PAUSE && p.until.is_none() {
@@ -266,7 +267,7 @@ impl TransportStats {
         if !self.pause_engaged.load(Ordering::Relaxed) {
             return false;
         }
-        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.pause.locked();
         match p.until {
             Some(t) if now < t => {
                 Self::add(&self.rdma_paused_requests, 1);
@@ -287,7 +288,7 @@ impl TransportStats {
         if !self.pause_engaged.load(Ordering::Relaxed) {
             return;
         }
-        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.pause.locked();
         *p = Pause::default();
         self.pause_engaged.store(false, Ordering::Relaxed);
     }
@@ -457,7 +458,7 @@ impl Intercept for TokenInterceptor {
         // The payload is not signed (the body is empty; the bytes move over RDMA).
         cfg.interceptor_state()
             .store_put(aws_runtime::auth::PayloadSigningOverride::unsigned_payload());
-        let mut slot = self.token.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.token.locked();
         // The previous attempt's token is released before the next one is minted.
         drop(slot.take());
         let token = OwnedToken::mint(&self.reg, self.offset, self.len, self.op)?;
@@ -478,7 +479,7 @@ impl Intercept for TokenInterceptor {
     ) -> Result<(), BoxError> {
         let r = context.response();
         let h = r.headers();
-        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = ReplySeen {
+        *self.seen.locked() = ReplySeen {
             status: r.status().as_u16(),
             reply: h.get(REPLY_HEADER).map(str::to_string),
             bytes: h.get(BYTES_HEADER).map(str::to_string),

@@ -4,6 +4,7 @@
 //! timeouts are the AWS SDK's standard retry strategy, configured here; each call converts the
 //! SDK's error into an [`S3Error`] that knows its errno.
 
+use s3rdma_proto::sync::Lock;
 use std::time::{Duration, SystemTime};
 
 use aws_config::retry::RetryConfig;
@@ -905,7 +906,7 @@ impl S3Client {
             }
             Err(e) => return Err(convert("GetObject", key, e)),
         };
-        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let seen = seen.locked().clone();
         match rdma::judge_get(&seen, len as u64, self.accept_206_200) {
             Verdict::Done(n) => {
                 TransportStats::add(&self.stats.rdma_bytes_read, n);
@@ -1017,7 +1018,7 @@ impl S3Client {
         log_outcome(op, key, start, &res);
         match res {
             Ok(out) => {
-                let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let seen = seen.locked().clone();
                 match rdma::judge_put(&seen) {
                     Verdict::Done(_) => {
                         TransportStats::add(&self.stats.rdma_bytes_written, len as u64);

@@ -1,5 +1,6 @@
 //! What the fault file asks for: which fault, for which requests, how many times.
 
+use s3rdma_proto::sync::Lock;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -88,7 +89,7 @@ impl FaultPlan {
         };
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let text = text.trim().to_string();
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.locked();
         if st.0 != text {
             *st = (text.clone(), 0, Instant::now());
         }

@@ -7,11 +7,13 @@
 //! - [`loopback_token`]: the loopback provider's token format.
 //! - [`units`]: sizes, durations, modes, booleans and `-o` lists as users write them.
 //! - [`xattr`]: the extended attributes the mount answers.
+//! - [`sync`]: the one way every crate takes a lock (through a poisoning).
 
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod checksum;
 pub mod loopback_token;
 pub mod reply;
+pub mod sync;
 pub mod units;
 pub mod xattr;

@@ -4,6 +4,7 @@
 //! `required`) or delivers a short transfer — per operation or for any, from the N-th call on,
 //! for a number of calls or forever. Every request is counted per operation, faulted or not.
 
+use s3rdma_proto::sync::Lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -99,7 +100,7 @@ impl<S: ObjectStore> Faulty<S> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Rule>> {
-        self.rules.lock().unwrap_or_else(|e| e.into_inner())
+        self.rules.locked()
     }
 
     /// Count a request of `op` and return the fault it suffers, if any (the first rule that

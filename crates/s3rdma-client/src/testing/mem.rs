@@ -8,6 +8,7 @@
 //! Keys are stored as given: keys a real server normalises away (`a//b`, `..`, `./x`) can be
 //! made here, so tests can show how the filesystem hides them.
 
+use s3rdma_proto::sync::Lock;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -161,7 +162,7 @@ impl MemStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.state.locked()
     }
 
     fn count(&self, op: Op) {

@@ -35,6 +35,7 @@ mod sim;
 mod sketch;
 mod space;
 
+use s3rdma_proto::sync::Lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -395,7 +396,7 @@ impl<S: ObjectStore> Cache<S> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// The block `key` (`len` bytes of the object from `index * block_size`), fetched if

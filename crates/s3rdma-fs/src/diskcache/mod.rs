@@ -22,6 +22,7 @@
 
 mod store;
 
+use s3rdma_proto::sync::Lock;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -327,13 +328,13 @@ impl DiskCache {
             .name("s3rdma-diskcache".into())
             .spawn(move || write_behind(&weak, &rx))
             .map_err(|e| format!("cannot start the disk cache writer: {e}"))?;
-        *cache.tx.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        *cache.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        *cache.tx.locked() = Some(tx);
+        *cache.writer.locked() = Some(handle);
         Ok(cache)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     fn name(&self, key: &str, etag: &str) -> String {
@@ -526,7 +527,7 @@ impl DiskCache {
             index,
             data: data.to_vec(),
         };
-        let sent = match &*self.tx.lock().unwrap_or_else(|e| e.into_inner()) {
+        let sent = match &*self.tx.locked() {
             Some(tx) => tx.try_send(job).is_ok(),
             None => false,
         };
@@ -813,8 +814,8 @@ impl DiskCache {
     /// Stop the writer (blocks already queued are written) and remove unfinished files.
     pub fn close(&self) {
         self.closing.store(true, Ordering::Relaxed);
-        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
-        if let Some(h) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        drop(self.tx.locked().take());
+        if let Some(h) = self.writer.locked().take() {
             let _ = h.join();
         }
         let mut st = self.lock();

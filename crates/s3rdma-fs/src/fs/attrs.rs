@@ -16,6 +16,7 @@
 //! meanwhile is dropped (the newer version wins, as it would have had it come after a
 //! synchronous change), logged and counted (`attr_writebacks_dropped`).
 
+use s3rdma_proto::sync::Lock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -131,7 +132,7 @@ impl<S: ObjectStore> Writeback<S> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.locked()
     }
 
     /// Change the attributes of `inode`, whose stored version is `base`: merged into what is

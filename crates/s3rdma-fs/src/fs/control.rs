@@ -2,6 +2,7 @@
 //! new writes when shutting down, and abort the files still being written when time is up.
 
 use s3rdma_client::ObjectStore;
+use s3rdma_proto::sync::Lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,8 +35,7 @@ impl<S: ObjectStore> FsControl<S> {
 
     fn write_files(&self) -> Vec<Arc<OpenFile<S>>> {
         self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .values()
             .filter(|f| matches!(&***f, OpenFile::Write(..)))
             .cloned()

@@ -7,6 +7,7 @@
 //! is kept and tried again once its pin may have gone: at the next release of a handle or
 //! FORGET, at most once a second.
 
+use s3rdma_proto::sync::Lock;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -36,11 +37,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Pinned inodes whose pin may have gone are tried again (at most once a second).
     pub(super) fn retry_pinned(&self) {
         {
-            let mut last = self
-                .ns
-                .forget_retried
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut last = self.ns.forget_retried.locked();
             let now = Instant::now();
             if now.saturating_duration_since(*last) < RETRY_EVERY {
                 return;
@@ -60,29 +57,10 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// Whether something in this mount still needs inode `ino`.
     fn pinned(&self, ino: u64) -> bool {
-        self.writes
-            .writing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&ino)
-            || self
-                .writes
-                .staged
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains_key(&ino)
-            || self
-                .ns
-                .local_dirs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&ino)
-            || self
-                .ns
-                .dir_attrs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains_key(&ino)
+        self.writes.writing.locked().contains_key(&ino)
+            || self.writes.staged.locked().contains_key(&ino)
+            || self.ns.local_dirs.locked().contains(&ino)
+            || self.ns.dir_attrs.locked().contains_key(&ino)
             || self.attrs.holds(ino)
     }
 

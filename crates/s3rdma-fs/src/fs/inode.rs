@@ -13,6 +13,7 @@
 //! (its name is the key's last component, a slice of it), and a directory's children are a
 //! table of the children themselves, hashed by that name — no second copy of any string.
 
+use s3rdma_proto::sync::Lock;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -310,7 +311,7 @@ impl Inode {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InodeState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 }
 

@@ -31,6 +31,7 @@ pub mod xattrs;
 #[cfg(test)]
 mod tests;
 
+use s3rdma_proto::sync::Lock;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1091,7 +1092,7 @@ impl<S: ObjectStore> S3Fs<S> {
         f: impl FnOnce(&DirOut) -> R,
     ) -> FsResult<R> {
         let dir = self.lock_dirs().get(&fh).cloned().ok_or(Errno::EBADF)?;
-        let mut cached = dir.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cached = dir.entries.locked();
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if offset == 0 || cached.is_none() {
             *cached = Some(self.list_dir(&inode)?);
@@ -1169,11 +1170,11 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     fn lock_files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile<S>>>> {
-        self.handles.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.handles.files.locked()
     }
 
     fn lock_dirs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenDir>>> {
-        self.handles.dirs.lock().unwrap_or_else(|e| e.into_inner())
+        self.handles.dirs.locked()
     }
 
     fn entry_ttl(&self) -> Duration {

@@ -8,6 +8,7 @@
 //! a copy of the object onto itself when the file is already stored; a directory's are kept in
 //! memory for the life of the mount.
 
+use s3rdma_proto::sync::Lock;
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -48,7 +49,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// since), and those holding a file being written here.
     fn anchors(&self) -> Vec<u64> {
         let mut dirs: Vec<u64> = {
-            let set = self.ns.local_dirs.lock().unwrap_or_else(|e| e.into_inner());
+            let set = self.ns.local_dirs.locked();
             set.iter().copied().collect()
         };
         dirs.extend(
@@ -96,12 +97,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn dir_meta(&self, ino: u64) -> Option<FileMeta> {
-        self.ns
-            .dir_attrs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ino)
-            .cloned()
+        self.ns.dir_attrs.locked().get(&ino).cloned()
     }
 
     /// The parent directory and the name as a key (EINVAL for non-UTF-8, ENAMETOOLONG...).
@@ -148,23 +144,15 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let child = self.inodes.upsert_child(parent, name, Kind::Dir, prefix);
-        self.ns
-            .local_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(child.ino);
+        self.ns.local_dirs.locked().insert(child.ino);
         if (mode & 0o7777) as u16 != self.cfg.dir_mode {
-            self.ns
-                .dir_attrs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(
-                    child.ino,
-                    FileMeta {
-                        mode: Some(mode & 0o7777),
-                        ..Default::default()
-                    },
-                );
+            self.ns.dir_attrs.locked().insert(
+                child.ino,
+                FileMeta {
+                    mode: Some(mode & 0o7777),
+                    ..Default::default()
+                },
+            );
         }
         let now = Instant::now();
         // Nothing was under it when the kernel's lookup asked.
@@ -205,16 +193,8 @@ impl<S: ObjectStore> S3Fs<S> {
 
     pub(super) fn forget_dir(&self, child: &Inode) {
         self.ns.known.forget(child.ino);
-        self.ns
-            .local_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&child.ino);
-        self.ns
-            .dir_attrs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&child.ino);
+        self.ns.local_dirs.locked().remove(&child.ino);
+        self.ns.dir_attrs.locked().remove(&child.ino);
         child.invalidate();
         self.inodes.remove_child(child.parent, child.name());
     }
@@ -524,7 +504,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         if inode.kind == Kind::Dir {
             if !change.is_empty() {
-                let mut map = self.ns.dir_attrs.lock().unwrap_or_else(|e| e.into_inner());
+                let mut map = self.ns.dir_attrs.locked();
                 let merged = map.get(&ino).cloned().unwrap_or_default().merged(&change);
                 map.insert(ino, merged);
             }

@@ -2,6 +2,7 @@
 //! file per inode at a time, registered once per cache entry and kept with it), and which are
 //! open in the kernel's page-cache mode — the kernel refuses to mix the two on one inode.
 
+use s3rdma_proto::sync::Lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,7 +45,7 @@ impl Passthrough {
     }
 
     fn lock(&self) -> MutexGuard<'_, PassState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Let go of every registration (the session ends: the connection can still take them).

@@ -8,6 +8,7 @@
 //! forked child) still held it, or when nothing had been written at that close (an empty file,
 //! or a shell redirection's first close).
 
+use s3rdma_proto::sync::Lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -53,11 +54,11 @@ impl Writing {
     }
 
     pub fn meta(&self) -> FileMeta {
-        self.meta.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.meta.locked().clone()
     }
 
     pub fn set_meta(&self, change: &FileMeta) {
-        let mut m = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.meta.locked();
         *m = m.merged(change);
     }
 
@@ -123,10 +124,7 @@ impl<S: ObjectStore> S3Fs<S> {
     pub(super) fn lock_writing(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<Writing>>> {
-        self.writes
-            .writing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.writes.writing.locked()
     }
 
     /// Register a writer for `inode`; EBUSY if one is already writing it.

@@ -10,6 +10,7 @@
 //! `user.s3rdma.*` attributes are read-only and not listed. Directories and links have none.
 
 use fuser::Errno;
+use s3rdma_proto::sync::Lock;
 use tracing::warn;
 
 use super::inode::{Inode, Kind, Stat};
@@ -137,11 +138,7 @@ impl<S: ObjectStore> S3Fs<S> {
             warn!(key = %inode.key(), "extended attributes are stored with files only, not on directories or links");
             return Err(Errno::EOPNOTSUPP);
         }
-        let _one = self
-            .ns
-            .xattr_change
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _one = self.ns.xattr_change.locked();
         let current = self.meta_now(&inode, op)?;
         let mut attrs = current.xattrs.clone().unwrap_or_default();
         edit(&mut attrs).inspect_err(|e| {

@@ -9,6 +9,7 @@
 //! asked for (over HTTP) and resets the window. Every GET carries `If-Match: <etag>`, and the
 //! cache is keyed by ETag, so one handle's bytes always come from one version of the object.
 
+use s3rdma_proto::sync::Lock;
 use std::sync::{Arc, Mutex};
 
 use tokio::runtime::Handle;
@@ -151,7 +152,7 @@ impl<S: ObjectStore> ObjectReader<S> {
         let bs = self.cache.block_size() as u64;
         let (first, last) = (offset / bs, (end - 1) / bs);
         let (sequential, entered_block) = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = self.state.locked();
             // Forward within one block of where we expected counts as sequential: the kernel's
             // read-ahead issues requests slightly out of order.
             let seq = offset >= st.next_offset.saturating_sub(bs) && offset <= st.next_offset + bs;

@@ -11,6 +11,7 @@
 //! object changed meanwhile, the bytes are moved to the staging area's `conflicts/` and the
 //! commit fails with `ESTALE`: nothing is overwritten, nothing is lost.
 
+use s3rdma_proto::sync::Lock;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -172,7 +173,7 @@ impl<S: ObjectStore> StagedFile<S> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     pub fn stat(&self) -> StagedStat {

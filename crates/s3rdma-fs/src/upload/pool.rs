@@ -9,6 +9,7 @@
 //! (one program writing many files in turn), so the chunk comes from ordinary memory instead
 //! (an *overflow* chunk, counted; RDMA-registered on its own when RDMA is on).
 
+use s3rdma_proto::sync::Lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -98,7 +99,7 @@ impl WritePool {
         if let Some(a) = self.arena.get() {
             return Ok(a);
         }
-        let _one = self.mapping.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.mapping.locked();
         if let Some(a) = self.arena.get() {
             return Ok(a);
         }
@@ -146,7 +147,7 @@ impl WritePool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// A chunk of `k` blocks (a power of two, at most [`WritePool::blocks`]): from the arena,

@@ -8,6 +8,7 @@ mod small;
 mod tree;
 mod unit;
 
+use s3rdma_proto::sync::Lock;
 use std::ffi::OsStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -158,18 +159,14 @@ impl Fx {
     /// The kernel keeps the type of an inode for its life: record what an answer told it, and
     /// note any answer that contradicts an earlier one. [S-NS-TYPE]
     pub fn told(&self, attr: &FileAttr, by: &str) {
-        let mut seen = self.kernel.types.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.kernel.types.locked();
         match seen.insert(attr.ino.0, attr.kind) {
             Some(was) if was != attr.kind => {
                 let what = format!(
                     "{by} told inode {} is {:?}, earlier {was:?}",
                     attr.ino.0, attr.kind
                 );
-                self.kernel
-                    .contradictions
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(what);
+                self.kernel.contradictions.locked().push(what);
             }
             _ => {}
         }
@@ -177,11 +174,7 @@ impl Fx {
 
     /// Answers that contradicted the type the kernel was told earlier.
     pub fn contradictions(&self) -> Vec<String> {
-        self.kernel
-            .contradictions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.kernel.contradictions.locked().clone()
     }
 
     /// The parent directory's inode and the last name of `path`.
