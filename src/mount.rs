@@ -424,33 +424,20 @@ fn release(mounted: Mounted) {
 /// daemon does not use): the disk cache keeps up to a quarter of the limit open, one file per
 /// entry.
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
     };
-    // SAFETY: getrlimit writes into the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
-        || lim.rlim_cur >= lim.rlim_max
-    {
+    if soft >= hard {
         return;
     }
-    let raised = libc::rlimit {
-        rlim_cur: lim.rlim_max,
-        rlim_max: lim.rlim_max,
-    };
-    // SAFETY: setrlimit reads the struct we pass.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-        info!(
-            from = lim.rlim_cur,
-            to = lim.rlim_max,
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => info!(
+            from = soft,
+            to = hard,
             "raised the open-file limit to its hard limit"
-        );
-    } else {
-        warn!(
-            limit = lim.rlim_cur,
-            error = %std::io::Error::last_os_error(),
-            "cannot raise the open-file limit"
-        );
+        ),
+        Err(e) => warn!(limit = soft, error = %e, "cannot raise the open-file limit"),
     }
 }
 

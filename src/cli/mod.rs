@@ -498,24 +498,17 @@ fn default_staging_dir(source: &str, mountpoint: &std::path::Path) -> PathBuf {
     {
         h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = nix::unistd::getuid();
     PathBuf::from("/var/tmp/s3rdma-staging").join(format!("{uid}-{h:016x}"))
 }
 
 /// Physical memory (8 GiB if it cannot be read).
 fn ram() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    if pages > 0 && page > 0 {
-        pages as u64 * page as u64
-    } else {
-        8 << 30
+    use nix::unistd::{sysconf, SysconfVar};
+    let value = |v| sysconf(v).ok().flatten().filter(|&n| n > 0);
+    match (value(SysconfVar::_PHYS_PAGES), value(SysconfVar::PAGE_SIZE)) {
+        (Some(pages), Some(page)) => pages as u64 * page as u64,
+        _ => 8 << 30,
     }
 }
 
@@ -767,8 +760,7 @@ fn s3_options(cli: &Cli, bucket: &str) -> S3Options {
 }
 
 fn fs_config(cli: &Cli, max_prefetch: u64) -> FsConfig {
-    // SAFETY: getuid/getgid cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
     FsConfig {
         uid: cli.uid.unwrap_or(uid),
         gid: cli.gid.unwrap_or(gid),

@@ -48,13 +48,9 @@ unsafe impl Sync for Arena {}
 /// Whether this process may lock `len` more bytes: RLIMIT_MEMLOCK allows it, or it has
 /// CAP_IPC_LOCK (which ignores the limit).
 fn may_lock(len: usize) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct we own.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0;
-    if ok && (lim.rlim_cur == libc::RLIM_INFINITY || lim.rlim_cur >= len as u64) {
+    use nix::sys::resource::{getrlimit, Resource};
+    let soft = getrlimit(Resource::RLIMIT_MEMLOCK).map(|(soft, _)| soft);
+    if soft.is_ok_and(|s| s == libc::RLIM_INFINITY || s >= len as u64) {
         return true;
     }
     const CAP_IPC_LOCK: u32 = 14;

@@ -87,15 +87,11 @@ fn write_behind(cache: &std::sync::Weak<DiskCache>, rx: &std::sync::mpsc::Receiv
 /// How many entries may keep their data file open: a quarter of the descriptors the process
 /// may hold, at most MAX_OPEN_FILES.
 fn fd_budget() -> usize {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 0;
+    use nix::sys::resource::{getrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, _)) => ((soft / 4) as usize).min(MAX_OPEN_FILES),
+        Err(_) => 0,
     }
-    ((lim.rlim_cur / 4) as usize).min(MAX_OPEN_FILES)
 }
 
 /// A dropped block is fetched again once its object has had no offer for this long.

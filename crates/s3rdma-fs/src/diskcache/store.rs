@@ -182,15 +182,8 @@ pub fn scan(root: &Path) -> (Vec<(String, Meta)>, u64) {
 
 /// Bytes available to us on the file system holding `root`.
 pub fn available(root: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs is plain old data: all zeroes is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string, and statvfs writes only into the struct we pass.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
+    let st = nix::sys::statvfs::statvfs(root).ok()?;
+    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
 /// A new `.part` file of `size` bytes, allocated up front (blocks arrive in any order: the
