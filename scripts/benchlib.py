@@ -125,7 +125,7 @@ def build():
     for tool in ("fio", "umount"):
         if not shutil.which(tool):
             sys.exit(f"bench: {tool} not found (apt-get install fio)")
-    subprocess.run(["cargo", "build", "--release", "--locked", "--bins", "--examples"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--workspace", "--release", "--locked", "--all-targets"], cwd=ROOT, check=True)
 
 
 class Servers:

@@ -12,12 +12,15 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --release --all-targets --locked -- -D warnings
 echo "== fuzz the parsers of outside input (scripts/fuzz: libFuzzer, 20 s per target)"
 scripts/fuzz 20
+echo "== build every target once (the integration tests run the binaries of two crates; one"
+echo "   invocation for all targets, so that cargo test and the bench reuse it: features unify"
+echo "   the same way, nothing is compiled twice)"
+cargo build --workspace --release --locked --all-targets
 echo "== benchmark smoke run (scripts/bench --quick: keeps the suite working; numbers not asserted)"
 quick=$(mktemp -d /tmp/s3rdma-bench-quick.XXXXXX)
 scripts/bench --quick --out "$quick/quick.md"
 rm -rf "$quick"
-echo "== cargo test (the integration tests run the binaries of two crates: build them first)"
-cargo build --workspace --release --locked --bins --examples
+echo "== cargo test"
 cargo test --workspace --release --locked
 echo "== the nvidia build against NVIDIA's real cuObject library (scripts/nvidia-test.sh)"
 scripts/nvidia-test.sh
