@@ -760,7 +760,10 @@ fn s3_options(cli: &Cli, bucket: &str) -> S3Options {
 }
 
 fn fs_config(cli: &Cli, max_prefetch: u64) -> FsConfig {
-    let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+    let (uid, gid) = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
     FsConfig {
         uid: cli.uid.unwrap_or(uid),
         gid: cli.gid.unwrap_or(gid),

@@ -95,7 +95,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 OpenFile::Read(ino, _)
                 | OpenFile::Write(ino, _)
                 | OpenFile::Disk(ino, _)
-                | OpenFile::Staged(ino, _, _) => *ino,
+                | OpenFile::Staged { ino, .. } => *ino,
             })
             .collect();
         for ino in self.inodes.inos() {

@@ -112,8 +112,13 @@ enum OpenFile<S: ObjectStore> {
     /// Served from the disk cache: by the kernel when `backing` is set (passthrough), else by
     /// `pread` here.
     Disk(u64, DiskFile),
-    /// A handle of a staged file; `true`: opened for writing (its close stores the file).
-    Staged(u64, Arc<staged::Staged<S>>, bool),
+    /// A handle of a staged file.
+    Staged {
+        ino: u64,
+        file: Arc<staged::Staged<S>>,
+        /// Opened for writing: its close stores the file.
+        writes: bool,
+    },
 }
 
 struct DiskFile {
@@ -677,7 +682,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 .await
             {
                 Ok(page) => {
-                    if let Some(p) = probe::resolve(page, key, dir_prefix) {
+                    if let Some(p) = probe::answer(page, key, dir_prefix) {
                         return Ok(p);
                     }
                 }
@@ -876,7 +881,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let reader = match &*file {
             OpenFile::Read(_, reader) => reader,
             OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
-            OpenFile::Staged(_, s, _) => {
+            OpenFile::Staged { file: s, .. } => {
                 return self.read_staged(s, offset, size).map(ReadData::Owned)
             }
             OpenFile::Write(..) => {
@@ -1249,7 +1254,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
             Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
-            Some(OpenFile::Staged(ino, s, _)) => {
+            Some(OpenFile::Staged { ino, file: s, .. }) => {
                 // Its errors are logged (no process is left to report them to).
                 let _ = self.release_staged(*ino, s);
             }

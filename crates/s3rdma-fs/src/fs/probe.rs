@@ -27,7 +27,7 @@ pub const PROBE_MAX_KEYS: i32 = 100;
 
 /// The answer a probe listing of `key` gives, or `None` when the page was truncated before it
 /// could be sure (neither the directory nor the end of the listing was reached).
-pub fn resolve(page: ListPage, key: &str, dir_prefix: &str) -> Option<Probe> {
+pub fn answer(page: ListPage, key: &str, dir_prefix: &str) -> Option<Probe> {
     let dir = page.prefixes.iter().any(|p| p == dir_prefix);
     // With a delimiter, keys under `key/` are rolled up, but an S3-compatible server might
     // still list them; either way they make `key` a directory.
@@ -65,11 +65,11 @@ mod tests {
     // [S-NS-LOOKUP-ONE]
     #[test]
     fn one_listing_answers_file_dir_both_and_neither() {
-        let r = resolve(page(&["d/a", "d/a.bak"], &[], false), "d/a", "d/a/").unwrap();
+        let r = answer(page(&["d/a", "d/a.bak"], &[], false), "d/a", "d/a/").unwrap();
         assert_eq!(r.file.map(|f| f.key), Some("d/a".to_string()));
         assert!(!r.dir);
 
-        let r = resolve(page(&["d/a-1"], &["d/a/"], false), "d/a", "d/a/").unwrap();
+        let r = answer(page(&["d/a-1"], &["d/a/"], false), "d/a", "d/a/").unwrap();
         assert_eq!(
             r,
             Probe {
@@ -78,11 +78,11 @@ mod tests {
             }
         );
 
-        let r = resolve(page(&["d/a"], &["d/a/"], false), "d/a", "d/a/").unwrap();
+        let r = answer(page(&["d/a"], &["d/a/"], false), "d/a", "d/a/").unwrap();
         assert!(r.dir && r.file.is_some());
 
         // Only siblings: the name does not exist.
-        let r = resolve(page(&["d/ab", "d/a.x"], &["d/ab/"], false), "d/a", "d/a/").unwrap();
+        let r = answer(page(&["d/ab", "d/a.x"], &["d/ab/"], false), "d/a", "d/a/").unwrap();
         assert_eq!(
             r,
             Probe {
@@ -92,7 +92,7 @@ mod tests {
         );
 
         // A server that does not roll up keys under the delimiter.
-        let r = resolve(page(&["d/a/x"], &[], false), "d/a", "d/a/").unwrap();
+        let r = answer(page(&["d/a/x"], &[], false), "d/a", "d/a/").unwrap();
         assert!(r.dir);
     }
 
@@ -100,10 +100,10 @@ mod tests {
     #[test]
     fn a_truncated_page_is_an_answer_only_once_the_directory_is_seen() {
         assert_eq!(
-            resolve(page(&["d/a", "d/a.1"], &[], true), "d/a", "d/a/"),
+            answer(page(&["d/a", "d/a.1"], &[], true), "d/a", "d/a/"),
             None
         );
-        let r = resolve(page(&["d/a.1"], &["d/a/"], true), "d/a", "d/a/").unwrap();
+        let r = answer(page(&["d/a.1"], &["d/a/"], true), "d/a", "d/a/").unwrap();
         assert!(r.dir);
     }
 }

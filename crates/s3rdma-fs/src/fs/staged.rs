@@ -173,8 +173,14 @@ impl<S: ObjectStore> S3Fs<S> {
         let first = staged.handles.load(Ordering::SeqCst) == 1;
         debug!(ino, flags = flags.0, first, "staged handle opened");
         let fh = self.handles.next_fh();
-        self.lock_files()
-            .insert(fh, Arc::new(OpenFile::Staged(ino, staged, writes)));
+        self.lock_files().insert(
+            fh,
+            Arc::new(OpenFile::Staged {
+                ino,
+                file: staged,
+                writes,
+            }),
+        );
         let fl = if self.writes.staged_direct.load(Ordering::Relaxed) {
             FopenFlags::FOPEN_DIRECT_IO
         } else if first {

@@ -278,7 +278,11 @@ impl<S: ObjectStore> S3Fs<S> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let (ino, w) = match &*file {
             OpenFile::Write(ino, w) => (*ino, w),
-            OpenFile::Staged(_, s, true) => return self.write_staged(s, offset, data),
+            OpenFile::Staged {
+                file: s,
+                writes: true,
+                ..
+            } => return self.write_staged(s, offset, data),
             _ => return Err(Errno::EBADF),
         };
         let mut up = self.rt.block_on(w.upload.lock());
@@ -379,7 +383,11 @@ impl<S: ObjectStore> S3Fs<S> {
         let (ino, w) = match &*file {
             OpenFile::Write(ino, w) => (ino, w),
             // A reader's close stores nothing: the writers decide when a version is whole.
-            OpenFile::Staged(ino, s, true) => return self.commit_staged(*ino, s),
+            OpenFile::Staged {
+                ino,
+                file: s,
+                writes: true,
+            } => return self.commit_staged(*ino, s),
             _ => return Ok(()),
         };
         if w.opener.is_some() && w.opener != tgid_of(pid) {
@@ -407,7 +415,7 @@ impl<S: ObjectStore> S3Fs<S> {
             // Unlinked while open: nothing to make durable (the close stores nothing either).
             OpenFile::Write(_, w) if self.rt.block_on(w.upload.lock()).is_discarded() => Ok(()),
             OpenFile::Write(ino, w) => self.commit(*ino, w),
-            OpenFile::Staged(ino, s, _) => self.commit_staged(*ino, s),
+            OpenFile::Staged { ino, file: s, .. } => self.commit_staged(*ino, s),
             OpenFile::Read(ino, _) | OpenFile::Disk(ino, _) => self.store_attrs(*ino),
         }
     }
