@@ -29,7 +29,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The kernel forgot `n` entries of `ino`.
     pub(super) fn do_forget(&self, ino: u64, n: u64) {
         let pinned = |i| self.pinned(i);
-        let keep = |parent, name: &str| self.ns.known.keep_name(parent, name);
+        let keep = |parent, name: &str| self.ns.whole_dirs.keep_name(parent, name);
         let out = self.inodes.forget(ino, n, &pinned, &keep);
         self.forgotten(out);
     }
@@ -50,7 +50,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Pinned inodes whose pin has gone are dropped now.
     pub(super) fn retry_pinned_now(&self) {
         let pinned = |i| self.pinned(i);
-        let keep = |parent, name: &str| self.ns.known.keep_name(parent, name);
+        let keep = |parent, name: &str| self.ns.whole_dirs.keep_name(parent, name);
         let out = self.inodes.retry_deferred(&pinned, &keep);
         self.forgotten(out);
     }
@@ -72,7 +72,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         for ino in &out.dirs {
             self.ns.listings.forget(*ino);
-            self.ns.known.forget(*ino);
+            self.ns.whole_dirs.forget(*ino);
         }
         self.counters
             .inodes_dropped

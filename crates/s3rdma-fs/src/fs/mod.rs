@@ -15,7 +15,6 @@ mod forget;
 mod fuse;
 pub mod inode;
 pub mod kinds;
-pub mod known;
 pub mod names;
 pub mod namespace;
 mod parallel;
@@ -25,6 +24,7 @@ pub mod report;
 pub mod small;
 mod staged;
 mod symlink;
+pub mod whole_dirs;
 pub mod write;
 pub mod xattrs;
 
@@ -213,7 +213,7 @@ struct NsState {
     /// Complete listings, reused within the metadata TTL.
     listings: dir::ListingCache,
     /// Directories whose every name is known (lookups of missing names ask nothing).
-    known: known::KnownDirs,
+    whole_dirs: whole_dirs::WholeDirs,
     /// Keys logged as hidden, at most once each.
     hidden_logged: moka::sync::Cache<String, ()>,
     /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
@@ -303,7 +303,7 @@ impl<S: ObjectStore> S3Fs<S> {
             ns: NsState {
                 negative,
                 listings: dir::ListingCache::new(cfg.metadata_ttl),
-                known: known::KnownDirs::new(cfg.negative_ttl),
+                whole_dirs: whole_dirs::WholeDirs::new(cfg.negative_ttl),
                 hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
                 local_dirs: Mutex::new(Default::default()),
                 dir_attrs: Mutex::new(HashMap::new()),
@@ -507,7 +507,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let key = names::child_key(p.key(), name);
         self.deletes.wait_name(p.key(), name);
-        if self.negative_hit(&key) || self.known_absent(&p, name, now)? {
+        if self.negative_hit(&key) || self.absent_by_listing(&p, name, now)? {
             return Err(Errno::ENOENT);
         }
         if let Some(found) = self.recheck_file(parent, name, now) {
@@ -631,33 +631,35 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// Whether `name` is missing from directory `p` as far as this mount knows without asking
-    /// about the name itself (see `known`): a directory it made or listed in full within the
+    /// about the name itself (see `whole_dirs`): a directory it made or listed in full within the
     /// negative TTL; a small one whose knowledge expired is listed again (one page).
-    fn known_absent(&self, p: &Inode, name: &str, now: Instant) -> FsResult<bool> {
+    fn absent_by_listing(&self, p: &Inode, name: &str, now: Instant) -> FsResult<bool> {
         // A name this mount has an inode for is answered by the usual path.
         if self.inodes.child(p.ino, name).is_some() {
             return Ok(false);
         }
-        match self.ns.known.answer(p.ino, name, now) {
-            known::Answer::Absent => Ok(true),
-            known::Answer::Listed | known::Answer::Unknown => Ok(false),
-            known::Answer::Expired => {
+        match self.ns.whole_dirs.answer(p.ino, name, now) {
+            whole_dirs::Answer::Absent => Ok(true),
+            whole_dirs::Answer::Listed | whole_dirs::Answer::Unknown => Ok(false),
+            whole_dirs::Answer::Expired => {
                 let page = self
                     .rt
-                    .block_on(
-                        self.s3
-                            .list_page(p.key(), Some("/"), None, known::MAX_NAMES as i32),
-                    )
+                    .block_on(self.s3.list_page(
+                        p.key(),
+                        Some("/"),
+                        None,
+                        whole_dirs::MAX_NAMES as i32,
+                    ))
                     .map_err(|e| self.fail("lookup", &e))?;
                 if page.next_token.is_some() {
-                    self.ns.known.large(p.ino, now);
+                    self.ns.whole_dirs.large(p.ino, now);
                     return Ok(false);
                 }
                 let mut builder = DirBuilder::new(p.key());
                 builder.add_page(page);
                 let (entries, _) = builder.finish();
                 self.ns
-                    .known
+                    .whole_dirs
                     .listed(p.ino, now, entries.iter().map(|(n, _)| n.as_str()));
                 Ok(!entries.iter().any(|(n, _)| n == name)
                     && self.inodes.child(p.ino, name).is_none())
@@ -909,7 +911,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 let generation = self.ns.listings.generation();
                 let entries = self.list_from_s3(inode)?;
                 self.ns
-                    .known
+                    .whole_dirs
                     .listed(inode.ino, now, entries.iter().map(|(n, _)| n.as_str()));
                 let listing = self.ns.listings.put(inode.ino, now, generation, entries);
                 (listing, false)

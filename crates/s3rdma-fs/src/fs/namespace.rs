@@ -156,7 +156,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let now = Instant::now();
         // Nothing was under it when the kernel's lookup asked.
-        self.ns.known.made(child.ino, now);
+        self.ns.whole_dirs.made(child.ino, now);
         let stat = self.dir_stat();
         child.set_stat(stat.clone(), self.ttl_from(now));
         debug!(key = %child.key(), "directory made");
@@ -192,7 +192,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn forget_dir(&self, child: &Inode) {
-        self.ns.known.forget(child.ino);
+        self.ns.whole_dirs.forget(child.ino);
         self.ns.local_dirs.locked().remove(&child.ino);
         self.ns.dir_attrs.locked().remove(&child.ino);
         child.invalidate();
@@ -394,7 +394,7 @@ impl<S: ObjectStore> S3Fs<S> {
         op: &str,
         target: impl Fn(&ObjectInfo) -> (String, FileMeta),
     ) -> FsResult<(ObjectInfo, String)> {
-        let known = self.known(inode);
+        let known = self.learnt_version(inode);
         let copy = |info: &ObjectInfo| {
             let (dst, meta) = target(info);
             self.rt.block_on(self.s3.copy_object(
@@ -423,7 +423,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// The version of `inode` this mount learnt from S3 (or stored) within the metadata TTL,
     /// stored attributes included.
-    fn known(&self, inode: &Inode) -> Option<ObjectInfo> {
+    fn learnt_version(&self, inode: &Inode) -> Option<ObjectInfo> {
         inode
             .recently_asked(Instant::now(), self.cfg.metadata_ttl)
             .filter(|s| !s.etag.is_empty() && s.meta.is_some())
@@ -438,7 +438,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// What [`Self::known`] gives, else what HeadObject answers now (and is remembered).
     pub(super) fn known_version(&self, inode: &Inode, op: &str) -> FsResult<ObjectInfo> {
-        if let Some(info) = self.known(inode) {
+        if let Some(info) = self.learnt_version(inode) {
             return Ok(info);
         }
         let info = self

@@ -43,13 +43,13 @@ pub enum Answer {
     Unknown,
 }
 
-pub struct KnownDirs {
+pub struct WholeDirs {
     ttl: Duration,
     hasher: std::collections::hash_map::RandomState,
     cache: Option<moka::sync::Cache<u64, Arc<Names>>>,
 }
 
-impl KnownDirs {
+impl WholeDirs {
     /// `ttl`: how long a directory's names are trusted (0: never).
     pub fn new(ttl: Duration) -> Self {
         let cache = (!ttl.is_zero()).then(|| {
@@ -61,7 +61,7 @@ impl KnownDirs {
                 .time_to_idle(ttl.saturating_mul(30).max(Duration::from_secs(60)))
                 .build()
         });
-        KnownDirs {
+        WholeDirs {
             ttl,
             hasher: Default::default(),
             cache,
@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn names_are_trusted_for_the_ttl_then_expire() {
-        let k = KnownDirs::new(Duration::from_secs(1));
+        let k = WholeDirs::new(Duration::from_secs(1));
         let t = Instant::now();
         assert_eq!(k.answer(5, "a", t), Answer::Unknown);
         k.made(5, t);
@@ -188,12 +188,12 @@ mod tests {
 
     #[test]
     fn large_directories_and_a_zero_ttl_are_never_known() {
-        let k = KnownDirs::new(Duration::from_secs(1));
+        let k = WholeDirs::new(Duration::from_secs(1));
         let t = Instant::now();
         let names: Vec<String> = (0..=MAX_NAMES).map(|i| i.to_string()).collect();
         k.listed(7, t, names.iter().map(String::as_str));
         assert_eq!(k.answer(7, "x", t), Answer::Unknown);
-        let off = KnownDirs::new(Duration::ZERO);
+        let off = WholeDirs::new(Duration::ZERO);
         off.made(1, t);
         assert_eq!(off.answer(1, "x", t), Answer::Unknown);
     }
