@@ -1184,32 +1184,8 @@ where
         let _p = sem.acquire().await;
         f.await
     });
-    let results = join_all(all).await;
+    let results = futures_util::future::join_all(all).await;
     results.into_iter().collect()
-}
-
-/// Await every future (concurrently, on this task).
-async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut futs: Vec<_> = futs.map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futs.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// User metadata to send: none when nothing is stored.
