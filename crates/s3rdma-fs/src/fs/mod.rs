@@ -563,8 +563,10 @@ impl<S: ObjectStore> S3Fs<S> {
             answer.ok()
         });
         let probe = probe.map_err(|e| self.fail("lookup", &e))?;
-        let file_size = probe.file.as_ref().filter(|_| !probe.dir).map(|f| f.size);
-        self.ns.siblings.found(parent, file_size);
+        if ahead {
+            let file_size = probe.file.as_ref().filter(|_| !probe.dir).map(|f| f.size);
+            self.ns.siblings.found(parent, file_size);
+        }
         // A directory wins over a file of the same name.
         if probe.dir {
             if probe.file.is_some() {
