@@ -112,7 +112,7 @@ fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), S
                 .cache_dir_size
                 .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
             let part = settings.fs.read.part_size;
-            Some(DiskCache::open(dir, limit, &settings.bucket, part)?)
+            Some(DiskCache::open(dir, limit, &settings.bucket, part).map_err(|e| e.to_string())?)
         }
         None => None,
     };
@@ -197,7 +197,8 @@ fn memory(
         part as usize,
         blocks,
         settings.max_inflight_reads,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let cache = Arc::new(cache);
     info!(
         bytes = settings.cache_size,
@@ -215,7 +216,8 @@ fn memory(
         settings.write_part_size as usize,
         (settings.write_buffer_size / settings.write_part_size) as usize,
         s3.rdma_mode() != s3rdma_client::RdmaMode::Off,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let uploader = Arc::new(Uploader::new(
         s3.clone(),
         rt.handle().clone(),
@@ -246,7 +248,7 @@ fn staging(settings: &Settings) -> Result<Arc<StagingArea>, String> {
     let limit = settings
         .staging_size
         .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
-    let area = StagingArea::open(dir, limit)?;
+    let area = StagingArea::open(dir, limit).map_err(|e| e.to_string())?;
     info!(dir = %dir.display(), limit, "staged files ready");
     Ok(Arc::new(area))
 }

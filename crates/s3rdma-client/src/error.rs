@@ -80,11 +80,6 @@ impl S3Error {
         }
         self
     }
-
-    /// The errno a FUSE reply should carry for this error.
-    pub fn errno(&self) -> i32 {
-        errno_for(self.kind)
-    }
 }
 
 /// The S3-error → errno table (see SEMANTICS.md, "Errors").

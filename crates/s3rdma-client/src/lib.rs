@@ -17,7 +17,7 @@ mod store;
 pub mod testing;
 pub mod xattr;
 
-pub use error::{S3Error, S3ErrorKind};
+pub use error::{errno_for, S3Error, S3ErrorKind};
 pub use meta::FileMeta;
 pub use rdma::{RdmaMode, TransportStats};
 pub use sdk::{S3Client, S3Options};

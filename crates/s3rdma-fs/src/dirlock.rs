@@ -5,9 +5,11 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-/// Lock `dir`, the `what` directory (`cache`, `staging`) given by `--{what}-dir`; `shown` is
-/// the directory the user named, for the message.
-pub fn lock(dir: &Path, what: &str, shown: &Path) -> Result<File, String> {
+use crate::setup::SetupError;
+
+/// Lock `dir`, the directory given by `--{flag}` (`cache-dir`, `staging-dir`); `shown` is the
+/// directory the user named, for the message.
+pub fn lock(dir: &Path, flag: &'static str, shown: &Path) -> Result<File, SetupError> {
     let path = dir.join("lock");
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -15,18 +17,17 @@ pub fn lock(dir: &Path, what: &str, shown: &Path) -> Result<File, String> {
         .read(true)
         .write(true)
         .open(&path)
-        .map_err(|e| {
-            format!(
-                "cannot open {}: {e}; give a writable --{what}-dir",
-                path.display()
-            )
+        .map_err(|source| SetupError::Dir {
+            flag,
+            path: path.clone(),
+            source,
         })?;
     // SAFETY: flock on an fd we own, for the life of the File.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(format!(
-            "the {what} directory {} is in use by another s3rdma mount; give each mount its own --{what}-dir",
-            shown.display()
-        ));
+        return Err(SetupError::InUse {
+            flag,
+            path: shown.to_path_buf(),
+        });
     }
     Ok(f)
 }

@@ -7,6 +7,8 @@
 //! - [`stage`]: staged files (edits, appends, truncation, writable `mmap`) in a local area.
 //! - [`diskcache`]: the local disk cache served by FUSE passthrough.
 //! - [`dirlock`]: one mount per local directory (an exclusive `flock`).
+//! - [`setup`]: why a part of the mount could not be set up (one typed error).
+//! - [`errno`]: what each layer's errors mean to a process.
 //! - [`fs`]: the filesystem logic (inodes, namespace, open files) and its FUSE adapter.
 
 #![cfg_attr(test, allow(clippy::too_many_lines))]
@@ -14,8 +16,10 @@
 pub mod cache;
 pub mod dirlock;
 pub mod diskcache;
+pub mod errno;
 pub mod fs;
 pub mod read;
+pub mod setup;
 pub mod stage;
 pub mod upload;
 

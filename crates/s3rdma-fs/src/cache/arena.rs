@@ -11,6 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use cuobj_ffi::Registration;
 
+use crate::setup::SetupError;
+
 /// The slab size of the page cache: what an RDMA mount pins at a time as its cache fills.
 pub const CACHE_SLAB: usize = 64 << 20;
 
@@ -81,15 +83,19 @@ impl Arena {
         register: bool,
         slab_bytes: usize,
         align: usize,
-    ) -> Result<Arena, String> {
+    ) -> Result<Arena, SetupError> {
+        let size = SetupError::Size {
+            what: "memory",
+            fix: "give it at least one block",
+        };
         if block_size == 0 || blocks == 0 || !align.is_multiple_of(block_size) {
-            return Err("the cache needs at least one block".into());
+            return Err(size);
         }
-        let len = block_size
-            .checked_mul(blocks)
-            .ok_or_else(|| "cache size overflows".to_string())?;
-        let base =
-            cuobj_ffi::map_anonymous(len).map_err(|e| format!("cannot map the cache: {e}"))?;
+        let len = block_size.checked_mul(blocks).ok_or(size)?;
+        let base = cuobj_ffi::map_anonymous(len).map_err(|source| SetupError::Map {
+            what: "memory",
+            source,
+        })?;
         let max = cuobj_ffi::max_registration_size().min(slab_bytes);
         let per_slab = (max / align).max(1) * align;
         let mut slabs = Vec::new();

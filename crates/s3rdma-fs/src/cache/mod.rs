@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 
+use crate::setup::SetupError;
 use arena::Arena;
 use s3rdma_client::{ObjectInfo, ObjectStore, RdmaMode, RdmaWindow, S3Error, S3ErrorKind};
 use sketch::Sketch;
@@ -275,6 +276,9 @@ impl<S: ObjectStore> Drop for BlockRef<S> {
     }
 }
 
+/// The page cache, as its setup errors name it.
+const WHAT: &str = "page cache (--cache-size)";
+
 impl<S: ObjectStore> Cache<S> {
     /// A cache of `blocks` read parts of `block_size` bytes, registered for RDMA when the mount
     /// uses it. `max_fetches` bounds the GETs in flight.
@@ -283,20 +287,22 @@ impl<S: ObjectStore> Cache<S> {
         block_size: usize,
         blocks: usize,
         max_fetches: usize,
-    ) -> Result<Cache<S>, String> {
+    ) -> Result<Cache<S>, SetupError> {
         let rdma = s3.rdma_mode() != RdmaMode::Off;
         let (unit, top) = space::unit_for(block_size);
-        let units = blocks
-            .checked_mul(1 << top)
-            .ok_or_else(|| "cache size overflows".to_string())?;
-        let arena = Arena::new(unit, units, rdma, arena::CACHE_SLAB, block_size)?;
+        let units = blocks.checked_mul(1 << top).ok_or(SetupError::Size {
+            what: WHAT,
+            fix: "lower --cache-size",
+        })?;
+        let arena = Arena::new(unit, units, rdma, arena::CACHE_SLAB, block_size)
+            .map_err(|e| e.named(WHAT))?;
         // Only RDMA pins the cache (over HTTP its pages come as blocks are first used).
         if rdma && !arena.pinned() {
             if s3.rdma_mode() == RdmaMode::Required {
-                return Err(format!(
-                    "cannot pin the {}-byte cache (mlock failed: RLIMIT_MEMLOCK too low?) and rdma=required; raise the limit (ulimit -l, LimitMEMLOCK= in systemd) or lower --cache-size",
-                    arena.len()
-                ));
+                return Err(SetupError::Unpinned {
+                    what: WHAT,
+                    bytes: arena.len(),
+                });
             }
             tracing::warn!(
                 bytes = arena.len(),
@@ -304,7 +310,7 @@ impl<S: ObjectStore> Cache<S> {
             );
         }
         if rdma && !arena.registered() && s3.rdma_mode() == RdmaMode::Required {
-            return Err("cannot register the cache with cuObject and rdma=required".into());
+            return Err(SetupError::Unregistered { what: WHAT });
         }
         Ok(Cache {
             inner: Mutex::new(Inner::new(blocks, unit, top)),

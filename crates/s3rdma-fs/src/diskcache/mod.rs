@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::setup::SetupError;
 use store::Meta;
 
 /// Bytes of blocks waiting for the writer thread, at most.
@@ -243,7 +244,7 @@ impl DiskCache {
         limit: u64,
         bucket: &str,
         block_size: u64,
-    ) -> Result<Arc<DiskCache>, String> {
+    ) -> Result<Arc<DiskCache>, SetupError> {
         Self::open_with_queue(dir, limit, bucket, block_size, MAX_QUEUED)
     }
 
@@ -253,13 +254,12 @@ impl DiskCache {
         bucket: &str,
         block_size: u64,
         queue_limit: u64,
-    ) -> Result<Arc<DiskCache>, String> {
+    ) -> Result<Arc<DiskCache>, SetupError> {
         let root = dir.join("s3rdma-cache-v1");
-        std::fs::create_dir_all(&root).map_err(|e| {
-            format!(
-                "cannot create the cache directory {}: {e}; give a writable --cache-dir",
-                root.display()
-            )
+        std::fs::create_dir_all(&root).map_err(|source| SetupError::Dir {
+            flag: "cache-dir",
+            path: root.clone(),
+            source,
         })?;
         let lock = store::lock_dir(&root)?;
         let io_size = {
@@ -323,7 +323,10 @@ impl DiskCache {
         let handle = std::thread::Builder::new()
             .name("s3rdma-diskcache".into())
             .spawn(move || write_behind(&weak, &rx))
-            .map_err(|e| format!("cannot start the disk cache writer: {e}"))?;
+            .map_err(|source| SetupError::Thread {
+                what: "disk cache writer",
+                source,
+            })?;
         *cache.tx.locked() = Some(tx);
         *cache.writer.locked() = Some(handle);
         Ok(cache)

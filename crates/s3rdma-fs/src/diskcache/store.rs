@@ -118,8 +118,8 @@ pub fn entry_path(root: &Path, name: &str, ext: &str) -> PathBuf {
 }
 
 /// Take the directory's lock: one mount per cache directory.
-pub fn lock_dir(root: &Path) -> Result<File, String> {
-    crate::dirlock::lock(root, "cache", root.parent().unwrap_or(root))
+pub fn lock_dir(root: &Path) -> Result<File, crate::setup::SetupError> {
+    crate::dirlock::lock(root, "cache-dir", root.parent().unwrap_or(root))
 }
 
 /// Entries found under `root` (name → meta) and the bytes they hold. Files being filled when

@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 use tracing::{debug, error, warn};
 
 use super::inode::{Inode, Stat};
-use s3rdma_client::{FileMeta, ObjectInfo, ObjectStore, S3ErrorKind};
+use s3rdma_client::{FileMeta, ObjectInfo, ObjectStore, S3Error, S3ErrorKind};
 
 /// How long after its first change a file's attributes are written back.
 pub const DELAY: Duration = Duration::from_secs(1);
@@ -216,17 +216,17 @@ impl<S: ObjectStore> Writeback<S> {
 
     /// Write back the changes of `ino` now (fsync, open for writing, truncate); an error is
     /// the caller's to report.
-    pub fn flush(&self, ino: u64) -> Result<(), i32> {
+    pub async fn flush(&self, ino: u64) -> Result<(), S3Error> {
         if self.count.load(Ordering::Relaxed) == 0 && !self.lock().running.contains(&ino) {
             return Ok(());
         }
-        self.rt.block_on(self.write_back(ino))
+        self.write_back(ino).await
     }
 
     /// Write back every pending change (the end of the mount); returns how many failed.
-    pub fn flush_all(self: &Arc<Self>) -> usize {
+    pub async fn flush_all(self: &Arc<Self>) -> usize {
         let inos: Vec<u64> = self.lock().pending.keys().copied().collect();
-        self.rt.block_on(async {
+        async {
             let mut all = tokio::task::JoinSet::new();
             for ino in inos {
                 let me = self.clone();
@@ -239,10 +239,11 @@ impl<S: ObjectStore> Writeback<S> {
                 }
             }
             failed
-        })
+        }
+        .await
     }
 
-    async fn write_back(&self, ino: u64) -> Result<(), i32> {
+    async fn write_back(&self, ino: u64) -> Result<(), S3Error> {
         let Ok(_slot) = self.slots.acquire().await else {
             return Ok(());
         };
@@ -275,7 +276,7 @@ impl<S: ObjectStore> Writeback<S> {
     }
 
     /// The copy onto itself, conditional on the base version.
-    async fn copy(&self, p: &Pending) -> Result<(), i32> {
+    async fn copy(&self, p: &Pending) -> Result<(), S3Error> {
         let key = p.inode.key();
         let meta = p.meta();
         match self
@@ -312,7 +313,7 @@ impl<S: ObjectStore> Writeback<S> {
                 self.failed.fetch_add(1, Ordering::Relaxed);
                 error!(key, change = ?p.change, error = %e, "the attributes set here could not be written back to S3 (the file's bytes are stored; set them again)");
                 p.inode.invalidate();
-                Err(e.errno())
+                Err(e)
             }
         }
     }

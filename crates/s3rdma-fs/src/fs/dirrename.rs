@@ -35,7 +35,7 @@ pub const COPIES_AT_ONCE: usize = 16;
 
 impl<S: ObjectStore> S3Fs<S> {
     /// `rename` of the directory `src` to `new_name` in `np`.
-    pub(super) fn rename_dir(
+    pub(super) async fn rename_dir(
         &self,
         src: &Arc<Inode>,
         np: &Inode,
@@ -48,16 +48,18 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         if dst_prefix.starts_with(src.key()) {
             // Into itself (the kernel refuses it before asking).
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
-        let replaced = self.rename_dir_target(np, new_name, &dst_prefix, flags)?;
-        self.rename_dir_settle(src)?;
-        let keys = self.keys_under(src.key())?;
+        let replaced = self
+            .rename_dir_target(np, new_name, &dst_prefix, flags)
+            .await?;
+        self.rename_dir_settle(src).await?;
+        let keys = self.keys_under(src.key()).await?;
         if keys.is_empty() && !self.is_local_dir(src.ino) {
-            return Err(Errno::ENOENT);
+            return Err(Errno::ENOENT.into());
         }
         info!(from = %src.key(), to = %dst_prefix, keys = keys.len(), "renaming a directory: copying its keys, then deleting the sources");
-        self.copy_all(&keys, src.key(), &dst_prefix)?;
+        self.copy_all(&keys, src.key(), &dst_prefix).await?;
         if let Some(neg) = &self.ns.negative {
             neg.invalidate_all();
         }
@@ -66,66 +68,63 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         self.inodes
             .rename_tree(src.ino, np.ino, new_name, dst_prefix.clone());
-        self.delete_all(keys);
+        self.delete_all(keys).await;
         self.counters.dir_renames.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// What the new name holds may be replaced: nothing, or an empty directory (returned).
-    fn rename_dir_target(
+    async fn rename_dir_target(
         &self,
         np: &Inode,
         new_name: &str,
         dst_prefix: &str,
         flags: RenameFlags,
     ) -> FsResult<Option<Arc<Inode>>> {
-        let dst = match self.resolve(np.ino, std::ffi::OsStr::new(new_name)) {
+        let dst = match self.resolve(np.ino, std::ffi::OsStr::new(new_name)).await {
             Ok((inode, _)) => inode,
-            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) if e == Errno::ENOENT => return Ok(None),
             Err(e) => return Err(e),
         };
         if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-            return Err(Errno::EEXIST);
+            return Err(Errno::EEXIST.into());
         }
         if dst.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         if !self.local_files_in(dst.ino).is_empty() || !self.local_dirs_in(dst.ino).is_empty() {
-            return Err(Errno::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY.into());
         }
         self.deletes.wait_prefix(dst_prefix);
-        let page = self
-            .rt
-            .block_on(self.s3.list_page(dst_prefix, Some("/"), None, 2))
-            .map_err(|e| self.fail("rename", &e))?;
+        let page = self.s3.list_page(dst_prefix, Some("/"), None, 2).await?;
         if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != dst_prefix) {
-            return Err(Errno::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY.into());
         }
         Ok(Some(dst))
     }
 
     /// Nothing below `src` may be half-written: files being written or staged there make the
     /// rename fail (`EBUSY`); attribute changes not written back yet are stored first.
-    fn rename_dir_settle(&self, src: &Inode) -> FsResult<()> {
+    async fn rename_dir_settle(&self, src: &Inode) -> FsResult<()> {
         let busy = self
             .local_files()
             .into_iter()
             .any(|f| self.ancestry(f).any(|i| i.ino == src.ino && i.ino != f));
         if busy {
             warn!(key = %src.key(), "cannot rename a directory while a file in it is open for writing in this mount; close it first");
-            return Err(Errno::EBUSY);
+            return Err(Errno::EBUSY.into());
         }
-        if self.attrs.flush_all() > 0 {
-            return Err(Errno::EIO);
+        if self.attrs.flush_all().await > 0 {
+            return Err(Errno::EIO.into());
         }
         self.deletes.wait_prefix(src.key());
         Ok(())
     }
 
     /// Every key under `prefix` (no delimiter), or `EXDEV` past `--max-dir-rename-keys`.
-    fn keys_under(&self, prefix: &str) -> FsResult<Vec<ObjectInfo>> {
+    async fn keys_under(&self, prefix: &str) -> FsResult<Vec<ObjectInfo>> {
         let max = self.cfg.max_dir_rename_keys;
-        let listed: Result<Option<Vec<ObjectInfo>>, S3Error> = self.rt.block_on(async {
+        let listed: Result<Option<Vec<ObjectInfo>>, S3Error> = async {
             let mut keys = Vec::new();
             let mut token = None;
             loop {
@@ -139,35 +138,33 @@ impl<S: ObjectStore> S3Fs<S> {
                     return Ok(Some(keys));
                 }
             }
-        });
-        match listed.map_err(|e| self.fail("rename", &e))? {
+        }
+        .await;
+        match listed? {
             Some(keys) => Ok(keys),
             None => {
                 info!(key = %prefix, max, "directory rename refused with EXDEV: it holds more keys than --max-dir-rename-keys; mv copies and deletes instead");
-                Err(Errno::EXDEV)
+                Err(Errno::EXDEV.into())
             }
         }
     }
 
     /// Copy every key to the new prefix; on any failure, remove the copies made.
-    fn copy_all(&self, keys: &[ObjectInfo], from: &str, to: &str) -> FsResult<()> {
+    async fn copy_all(&self, keys: &[ObjectInfo], from: &str, to: &str) -> FsResult<()> {
         let s3 = self.s3.clone();
         let threshold = self.cfg.multipart_copy_threshold;
         let jobs: Vec<(ObjectInfo, String)> = keys
             .iter()
             .map(|k| (k.clone(), format!("{to}{}", &k.key[from.len()..])))
             .collect();
-        let done = self.rt.block_on(parallel::map_bounded(
-            jobs,
-            COPIES_AT_ONCE,
-            move |(k, dst)| {
-                let s3 = s3.clone();
-                async move {
-                    let r = move_key(&s3, &k, &dst, threshold).await;
-                    (dst, r)
-                }
-            },
-        ));
+        let done = parallel::map_bounded(jobs, COPIES_AT_ONCE, move |(k, dst)| {
+            let s3 = s3.clone();
+            async move {
+                let r = move_key(&s3, &k, &dst, threshold).await;
+                (dst, r)
+            }
+        })
+        .await;
         let Some(err) = done.iter().find_map(|(_, r)| r.as_ref().err()).cloned() else {
             self.counters
                 .dir_rename_keys
@@ -182,19 +179,21 @@ impl<S: ObjectStore> S3Fs<S> {
         self.counters
             .dir_renames_undone
             .fetch_add(1, Ordering::Relaxed);
-        let left = self.delete_keys(made);
+        let left = self.delete_keys(made).await;
         if left > 0 {
             error!(to, left, "copies of an undone directory rename could not be removed; they remain under the new name");
         }
         Err(match err.kind {
-            S3ErrorKind::PreconditionFailed | S3ErrorKind::NotFound => Errno::ESTALE,
-            _ => self.fail("rename", &err),
+            S3ErrorKind::PreconditionFailed | S3ErrorKind::NotFound => Errno::ESTALE.into(),
+            _ => err.into(),
         })
     }
 
     /// Delete the renamed sources; one that fails is logged and counted (both names remain).
-    fn delete_all(&self, keys: Vec<ObjectInfo>) {
-        let failed = self.delete_keys(keys.into_iter().map(|k| k.key).collect());
+    async fn delete_all(&self, keys: Vec<ObjectInfo>) {
+        let failed = self
+            .delete_keys(keys.into_iter().map(|k| k.key).collect())
+            .await;
         if failed > 0 {
             self.counters
                 .dir_rename_deletes_failed
@@ -206,32 +205,33 @@ impl<S: ObjectStore> S3Fs<S> {
     /// server that keeps directories of its own (SeaweedFS) removes a marker's directory only
     /// once nothing is left in it, and would otherwise list the old name on as an empty
     /// directory.
-    fn delete_keys(&self, keys: Vec<String>) -> usize {
+    async fn delete_keys(&self, keys: Vec<String>) -> usize {
         let (mut markers, files): (Vec<String>, Vec<String>) =
             keys.into_iter().partition(|k| k.ends_with('/'));
         markers.sort_by_key(|k| std::cmp::Reverse(k.matches('/').count()));
-        let mut failed = self.delete_batch(files);
+        let mut failed = self.delete_batch(files).await;
         while let Some(first) = markers.first() {
             let depth = first.matches('/').count();
             let split = markers.partition_point(|k| k.matches('/').count() == depth);
             let rest = markers.split_off(split);
-            failed += self.delete_batch(std::mem::replace(&mut markers, rest));
+            failed += self
+                .delete_batch(std::mem::replace(&mut markers, rest))
+                .await;
         }
         failed
     }
 
     /// Delete `keys` at once ([`COPIES_AT_ONCE`] in flight); how many failed (each logged).
-    fn delete_batch(&self, keys: Vec<String>) -> usize {
+    async fn delete_batch(&self, keys: Vec<String>) -> usize {
         let s3 = self.s3.clone();
-        let results = self
-            .rt
-            .block_on(parallel::map_bounded(keys, COPIES_AT_ONCE, move |key| {
-                let s3 = s3.clone();
-                async move {
-                    let r = s3.delete_object(&key).await;
-                    (key, r)
-                }
-            }));
+        let results = parallel::map_bounded(keys, COPIES_AT_ONCE, move |key| {
+            let s3 = s3.clone();
+            async move {
+                let r = s3.delete_object(&key).await;
+                (key, r)
+            }
+        })
+        .await;
         let mut failed = 0;
         for (key, r) in results {
             if let Err(e) = r {

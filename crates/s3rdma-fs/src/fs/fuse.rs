@@ -3,6 +3,7 @@
 //! needs of the session (passthrough registration, kernel capabilities at init) stays here.
 
 use std::ffi::OsStr;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -19,7 +20,7 @@ use super::inode::ROOT_INO;
 use super::kinds::TELL_AHEAD;
 use super::namespace::SetAttr;
 use super::report::FuseOp;
-use super::{names, Opened, S3Fs, Told, BLOCK_SIZE, STATS_XATTR};
+use super::{names, FsResult, Opened, S3Fs, Told, BLOCK_SIZE, STATS_XATTR};
 
 impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -63,13 +64,13 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     /// The session ended (unmounted, or the connection was aborted). A file still open for
     /// writing now can never be closed by its writer: abort it, so no multipart upload is left.
     fn destroy(&mut self) {
-        let failed = self.store_pending_attrs();
+        let failed = self.run(self.store_pending_attrs());
         if failed > 0 {
             warn!(failed, "attribute changes of some files could not be stored as the mount ended (each is logged above)");
         }
         self.finish_renames();
         let control = self.control();
-        let aborted = self.rt.block_on(async {
+        let aborted = self.run(async {
             tokio::time::timeout(
                 Duration::from_secs(60),
                 control.abort_writes("the mount ended (unmounted lazily, or its FUSE connection was aborted) while the file was open for writing"),
@@ -82,9 +83,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             Err(_) => warn!("aborting the files still being written took over 60 s; some multipart uploads may be left (a bucket lifecycle rule removes them)"),
         }
         if let Some(up) = &self.writes.uploader {
-            let left = self
-                .rt
-                .block_on(up.wait_for_aborts(Duration::from_secs(30)));
+            let left = self.run(up.wait_for_aborts(Duration::from_secs(30)));
             if left > 0 {
                 warn!(count = left, "multipart uploads of failed writes could not be aborted (the endpoint is still failing); a bucket lifecycle rule removes them");
             }
@@ -102,7 +101,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.counters.time(FuseOp::Lookup);
         let _s = debug_span!("fuse", op = "lookup", parent = parent.0, name = ?name).entered();
-        match self.do_lookup(parent.0, name) {
+        match self.serve("lookup", self.do_lookup(parent.0, name)) {
             Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -120,7 +119,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.counters.time(FuseOp::Getattr);
         let _s = debug_span!("fuse", op = "getattr", ino = ino.0).entered();
-        match self.do_getattr(ino.0) {
+        match self.serve("getattr", self.do_getattr(ino.0)) {
             Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
             Err(e) => reply.error(e),
         }
@@ -129,7 +128,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.counters.time(FuseOp::Open);
         let _s = debug_span!("fuse", op = "open", ino = ino.0).entered();
-        match self.do_open(ino.0, flags, req.pid(), Some(&reply)) {
+        match self.serve("open", self.do_open(ino.0, flags, req.pid(), Some(&reply))) {
             Ok(Opened::Plain(fh, fl)) => reply.opened(FileHandle(fh), fl),
             Ok(Opened::Passthrough(fh, fl, backing)) => {
                 reply.opened_passthrough(FileHandle(fh), fl, &backing)
@@ -151,7 +150,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Read);
         let _s = debug_span!("fuse", op = "read", ino = ino.0, offset, size).entered();
-        match self.do_read(fh.0, offset, size) {
+        match self.serve("read", self.do_read(fh.0, offset, size)) {
             Ok(data) => reply.data(data.as_slice()),
             Err(e) => reply.error(e),
         }
@@ -167,7 +166,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Flush);
         let _s = debug_span!("fuse", op = "flush", ino = ino.0).entered();
-        match self.do_flush(fh.0, req.pid()) {
+        match self.serve("flush", self.do_flush(fh.0, req.pid())) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -176,7 +175,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
         let _t = self.counters.time(FuseOp::Fsync);
         let _s = debug_span!("fuse", op = "fsync", ino = ino.0).entered();
-        match self.do_fsync(fh.0) {
+        match self.serve("fsync", self.do_fsync(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -193,7 +192,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         reply: ReplyEmpty,
     ) {
         let _t = self.counters.time(FuseOp::Release);
-        self.do_release(fh.0);
+        self.run(self.do_release(fh.0));
         reply.ok();
         self.retry_pinned();
     }
@@ -213,12 +212,15 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.do_create(
-            parent.0,
-            name,
-            (req.pid(), req.uid(), req.gid()),
-            mode & !umask,
-            OpenFlags(flags),
+        match self.serve(
+            "create",
+            self.do_create(
+                parent.0,
+                name,
+                (req.pid(), req.uid(), req.gid()),
+                mode & !umask,
+                OpenFlags(flags),
+            ),
         ) {
             Ok((attr, fh, fl)) => {
                 reply.created(&self.entry_ttl(), &attr, Generation(0), FileHandle(fh), fl)
@@ -241,7 +243,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Write);
         let _s = debug_span!("fuse", op = "write", ino = ino.0, offset, len = data.len()).entered();
-        match self.do_write(fh.0, offset, data) {
+        match self.serve("write", self.do_write(fh.0, offset, data)) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
@@ -279,7 +281,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
             }),
             xattrs: None,
         };
-        match self.do_setattr(ino.0, set) {
+        match self.serve("setattr", self.do_setattr(ino.0, set)) {
             Ok(attr) => reply.attr(&self.entry_ttl(), &attr),
             Err(e) => reply.error(e),
         }
@@ -296,7 +298,10 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         let _t = self.counters.time(FuseOp::Symlink);
         let _s =
             debug_span!("fuse", op = "symlink", parent = parent.0, name = ?link_name).entered();
-        match self.do_symlink(parent.0, link_name, target, (req.uid(), req.gid())) {
+        match self.serve(
+            "symlink",
+            self.do_symlink(parent.0, link_name, target, (req.uid(), req.gid())),
+        ) {
             Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -305,7 +310,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let _t = self.counters.time(FuseOp::Readlink);
         let _s = debug_span!("fuse", op = "readlink", ino = ino.0).entered();
-        match self.do_readlink(ino.0) {
+        match self.serve("readlink", self.do_readlink(ino.0)) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(e),
         }
@@ -320,7 +325,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         reply: ReplyEntry,
     ) {
         let _t = self.counters.time(FuseOp::Link);
-        match self.do_link(ino.0) {
+        match self.serve("link", self.do_link(ino.0)) {
             Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -340,7 +345,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.do_mkdir(parent.0, name, mode & !umask) {
+        match self.serve("mkdir", self.do_mkdir(parent.0, name, mode & !umask)) {
             Ok(attr) => reply.entry(&self.entry_ttl(), &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -352,7 +357,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.do_rmdir(parent.0, name) {
+        match self.serve("rmdir", self.do_rmdir(parent.0, name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -364,7 +369,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.do_unlink(parent.0, name) {
+        match self.serve("unlink", self.do_unlink(parent.0, name)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -385,7 +390,10 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
         if self.cfg.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.do_rename(parent.0, name, newparent.0, newname, flags) {
+        match self.serve(
+            "rename",
+            self.do_rename(parent.0, name, newparent.0, newname, flags),
+        ) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -393,7 +401,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.counters.time(FuseOp::Opendir);
-        match self.do_opendir(ino.0) {
+        match self.serve("opendir", self.do_opendir(ino.0)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
@@ -409,7 +417,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Readdir);
         let _s = debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
-        let listed = self.with_dir_entries(ino.0, fh.0, offset, TELL_AHEAD, |out| {
+        let entries = self.with_dir_entries(ino.0, fh.0, offset, TELL_AHEAD, |out| {
             for (i, e) in out.entries.iter().enumerate().skip(offset as usize) {
                 let attr = match &e.told {
                     Told::Ready(attr, _) => attr,
@@ -422,7 +430,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                 }
             }
         });
-        match listed {
+        match self.serve("readdir", entries) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -438,7 +446,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Readdirplus);
         let _s = debug_span!("fuse", op = "readdirplus", ino = ino.0, offset).entered();
-        let listed = self.with_dir_entries(ino.0, fh.0, offset, TELL_AHEAD, |out| {
+        let entries = self.with_dir_entries(ino.0, fh.0, offset, TELL_AHEAD, |out| {
             let now = Instant::now();
             for (i, e) in out.entries.iter().enumerate().skip(offset as usize) {
                 let (attr, inode) = match &e.told {
@@ -461,7 +469,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                 }
             }
         });
-        match listed {
+        match self.serve("readdirplus", entries) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -510,28 +518,27 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.counters.time(FuseOp::Getxattr);
         let _s = debug_span!("fuse", op = "getxattr", ino = ino.0, name = ?name).entered();
-        // The mount's own: the root's counters, and whether a file is in the disk cache.
-        let value = if ino.0 == ROOT_INO && name == STATS_XATTR {
-            Ok(self.stats_text().into_bytes())
-        } else if name == s3rdma_proto::xattr::CACHED && self.disk.is_some() {
-            match self.is_disk_cached(ino.0) {
-                Some(yes) => Ok(if yes { b"1".to_vec() } else { b"0".to_vec() }),
-                None => Err(Errno::ENOENT),
+        let value = self.serve("getxattr", async {
+            // The mount's own: the root's counters, and whether a file is in the disk cache.
+            if ino.0 == ROOT_INO && name == STATS_XATTR {
+                return Ok(self.stats_text().into_bytes());
             }
-        } else {
+            if name == s3rdma_proto::xattr::CACHED && self.disk.is_some() {
+                let cached = self.is_disk_cached(ino.0).await.ok_or(Errno::ENOENT)?;
+                return Ok(if cached { b"1".to_vec() } else { b"0".to_vec() });
+            }
             // EOPNOTSUPP, not ENOSYS, for other namespaces: ENOSYS makes the kernel stop asking.
-            match name.to_str() {
-                Some(name) => self.do_getxattr(ino.0, name),
-                None => Err(Errno::ENODATA),
-            }
-        };
+            let name = name.to_str().ok_or(Errno::ENODATA)?;
+            self.do_getxattr(ino.0, name).await
+        });
         reply_xattr(reply, size, value);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _t = self.counters.time(FuseOp::Getxattr);
         let _s = debug_span!("fuse", op = "listxattr", ino = ino.0).entered();
-        reply_xattr(reply, size, self.do_listxattr(ino.0));
+        let listed = self.serve("listxattr", self.do_listxattr(ino.0));
+        reply_xattr(reply, size, listed);
     }
 
     fn setxattr(
@@ -546,10 +553,10 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     ) {
         let _t = self.counters.time(FuseOp::Setattr);
         let _s = debug_span!("fuse", op = "setxattr", ino = ino.0, name = ?name).entered();
-        let done = match name.to_str() {
-            Some(name) => self.do_setxattr(ino.0, name, value, flags),
-            None => Err(Errno::EINVAL),
-        };
+        let done = self.serve("setxattr", async {
+            let name = name.to_str().ok_or(Errno::EINVAL)?;
+            self.do_setxattr(ino.0, name, value, flags).await
+        });
         match done {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -559,10 +566,10 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.counters.time(FuseOp::Setattr);
         let _s = debug_span!("fuse", op = "removexattr", ino = ino.0, name = ?name).entered();
-        let done = match name.to_str() {
-            Some(name) => self.do_removexattr(ino.0, name),
-            None => Err(Errno::ENODATA),
-        };
+        let done = self.serve("removexattr", async {
+            let name = name.to_str().ok_or(Errno::ENODATA)?;
+            self.do_removexattr(ino.0, name).await
+        });
         match done {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -587,5 +594,23 @@ fn reply_xattr(reply: ReplyXattr, size: u32, value: Result<Vec<u8>, Errno>) {
         Ok(v) if size == 0 => reply.size(v.len() as u32),
         Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
         Ok(v) => reply.data(&v),
+    }
+}
+
+impl<S: ObjectStore> S3Fs<S> {
+    /// Serve one request: its work runs to the end on this FUSE worker thread, and a failure
+    /// is reported once (see `error`) and becomes the errno of the reply.
+    pub(super) fn serve<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = FsResult<T>>,
+    ) -> Result<T, Errno> {
+        self.run(work).map_err(|e| self.failed(op, e))
+    }
+
+    /// The adapter's one `block_on`: the file-system logic is async (its S3 requests, its
+    /// waits for uploads), the FUSE callbacks are not.
+    pub(super) fn run<T>(&self, work: impl Future<Output = T>) -> T {
+        self.rt.block_on(work)
     }
 }

@@ -39,7 +39,7 @@ pub fn may_be_link(size: u64) -> bool {
 impl<S: ObjectStore> S3Fs<S> {
     /// Tell the types of the entries of `dir` from `from` to `from + ahead` not known yet: one
     /// HeadObject each, all at once. An object deleted meanwhile is no entry.
-    pub(super) fn tell_kinds(
+    pub(super) async fn tell_kinds(
         &self,
         dir: &Inode,
         out: &mut DirOut,
@@ -58,17 +58,14 @@ impl<S: ObjectStore> S3Fs<S> {
             .listing_heads
             .fetch_add(todo.len() as u64, Ordering::Relaxed);
         let s3 = self.s3.clone();
-        let answers = self.rt.block_on(parallel::map_bounded(
-            todo,
-            HEADS_AT_ONCE,
-            move |(i, key)| {
-                let s3 = s3.clone();
-                async move {
-                    let r = s3.head(&key).await;
-                    (i, r, Instant::now())
-                }
-            },
-        ));
+        let answers = parallel::map_bounded(todo, HEADS_AT_ONCE, move |(i, key)| {
+            let s3 = s3.clone();
+            async move {
+                let r = s3.head(&key).await;
+                (i, r, Instant::now())
+            }
+        })
+        .await;
         for (i, answer, at) in answers {
             let e = &mut out.entries[i];
             match answer {
@@ -80,7 +77,7 @@ impl<S: ObjectStore> S3Fs<S> {
                     e.at = at;
                 }
                 Err(err) if err.kind == S3ErrorKind::NotFound => e.told = Told::Gone,
-                Err(err) => return Err(self.fail("readdir", &err)),
+                Err(err) => return Err(err.into()),
             }
         }
         Ok(())

@@ -11,6 +11,7 @@ pub mod control;
 mod deletes;
 pub mod dir;
 mod dirrename;
+pub mod error;
 mod forget;
 mod fuse;
 pub mod inode;
@@ -51,6 +52,7 @@ use crate::read::{ObjectReader, ReadConfig, ReadData};
 use crate::stage::StagingArea;
 use crate::upload::Uploader;
 use dir::{DirBuilder, Listed};
+use error::{Error, FsResult};
 use inode::{Inode, InodeTable, Kind, Stat, ROOT_INO};
 use probe::Probe;
 use s3rdma_client::{FileMeta, ObjectStore, S3Error, S3ErrorKind};
@@ -138,7 +140,8 @@ enum Opened {
 }
 
 struct OpenDir {
-    entries: Mutex<Option<DirOut>>,
+    /// Held while the directory is listed (async: the listing awaits S3).
+    entries: tokio::sync::Mutex<Option<DirOut>>,
 }
 
 /// What `readdir` hands out for one open directory: its entries, in the listing's order.
@@ -227,7 +230,7 @@ struct NsState {
     /// When pinned inodes were last tried again.
     forget_retried: Mutex<Instant>,
     /// Held across an extended attribute change: each rewrites the file's whole set.
-    xattr_change: Mutex<()>,
+    xattr_change: tokio::sync::Mutex<()>,
 }
 
 /// The open handles of a mount, by handle number.
@@ -261,12 +264,6 @@ struct Writes<S: ObjectStore> {
     /// The kernel allows shared `mmap` of direct-I/O files (FUSE_DIRECT_IO_ALLOW_MMAP, Linux
     /// 6.6+): staged handles are opened with direct I/O (see `staged`).
     staged_direct: AtomicBool,
-}
-
-type FsResult<T> = Result<T, Errno>;
-
-fn errno(e: i32) -> Errno {
-    Errno::from_i32(e)
 }
 
 impl<S: ObjectStore> S3Fs<S> {
@@ -310,7 +307,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 exact_probes: AtomicBool::new(false),
                 siblings: small::Siblings::new(),
                 forget_retried: Mutex::new(Instant::now()),
-                xattr_change: Mutex::new(()),
+                xattr_change: tokio::sync::Mutex::new(()),
             },
             handles: Handles {
                 files: Arc::new(Mutex::new(HashMap::new())),
@@ -436,23 +433,6 @@ impl<S: ObjectStore> S3Fs<S> {
         }
     }
 
-    /// Log an S3 failure of a user-visible operation and turn it into the errno to return.
-    /// The one path of an operation failed by S3: logged at the level its kind deserves,
-    /// counted (`s3rdma stats`: `failed_<errno>`), turned into the errno the kernel gets.
-    fn fail(&self, op: &str, e: &S3Error) -> Errno {
-        self.counters.failures.count(e.errno());
-        match e.kind {
-            S3ErrorKind::NotFound => debug!(op, key = %e.key, "not found"),
-            S3ErrorKind::PreconditionFailed => warn!(
-                op,
-                key = %e.key,
-                "object was replaced or deleted since it was opened; reads on this handle fail with ESTALE, reopen the file to read the new version"
-            ),
-            _ => warn!(op, key = %e.key, error = %e, "operation failed"),
-        }
-        errno(e.errno())
-    }
-
     fn log_hidden(&self, key: &str, why: &str) {
         if !self.ns.hidden_logged.contains_key(key) {
             self.ns.hidden_logged.insert(key.to_string(), ());
@@ -478,21 +458,21 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// LOOKUP: the entry `name` of `parent`, handed to the kernel (counted until it forgets).
-    fn do_lookup(&self, parent: u64, name: &OsStr) -> FsResult<FileAttr> {
-        let (inode, stat) = self.resolve(parent, name)?;
+    async fn do_lookup(&self, parent: u64, name: &OsStr) -> FsResult<FileAttr> {
+        let (inode, stat) = self.resolve(parent, name).await?;
         Ok(self.entry(&inode, &stat))
     }
 
     /// The inode and attributes of `name` in `parent` (asking S3 if the inode table has no
     /// fresh answer), for the mount's own use: not counted as handed to the kernel.
-    fn resolve(&self, parent: u64, name: &OsStr) -> FsResult<(Arc<Inode>, Stat)> {
+    async fn resolve(&self, parent: u64, name: &OsStr) -> FsResult<(Arc<Inode>, Stat)> {
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         // S3 keys are UTF-8: a name that is not cannot exist.
         let name = name.to_str().ok_or(Errno::ENOENT)?;
-        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        names::check_name(name)?;
         let now = Instant::now();
         if let Some(child) = self.inodes.child(parent, name) {
             if let Some(stat) = self.local_stat(child.ino) {
@@ -507,20 +487,25 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let key = names::child_key(p.key(), name);
         self.deletes.wait_name(p.key(), name);
-        if self.negative_hit(&key) || self.absent_by_listing(&p, name, now)? {
-            return Err(Errno::ENOENT);
+        if self.negative_hit(&key) || self.absent_by_listing(&p, name, now).await? {
+            return Err(Errno::ENOENT.into());
         }
-        if let Some(found) = self.recheck_file(parent, name, now) {
+        if let Some(found) = self.recheck_file(parent, name, now).await {
             return Ok(found);
         }
-        self.probe_name(parent, name, key, now)
+        self.probe_name(parent, name, key, now).await
     }
 
     /// A name last seen as a file (in a listing, or an earlier lookup) is most likely still
     /// one: HeadObject alone answers it, stored attributes included (or the GET of a small
     /// one, see `small`). Anything else (gone, or turned into a directory) is left to the full
     /// probe (`None`).
-    fn recheck_file(&self, parent: u64, name: &str, now: Instant) -> Option<(Arc<Inode>, Stat)> {
+    async fn recheck_file(
+        &self,
+        parent: u64,
+        name: &str,
+        now: Instant,
+    ) -> Option<(Arc<Inode>, Stat)> {
         if !self.cfg.file_metadata {
             return None;
         }
@@ -528,7 +513,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if child.kind == Kind::Dir {
             return None;
         }
-        let info = self.rt.block_on(self.ask_file(&child)).ok()?;
+        let info = self.ask_file(&child).await.ok()?;
         let stat = Stat::from(&info);
         // A file that turned out to be a symbolic link (or back): a new inode.
         let kind = Kind::of_object(stat.meta.as_ref());
@@ -538,13 +523,13 @@ impl<S: ObjectStore> S3Fs<S> {
             self.inodes
                 .upsert_child(parent, name, kind, child.key().to_string())
         };
-        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        self.remember(&child, stat.clone(), now);
         Some((child, stat))
     }
 
     /// Ask S3 what `name` (key `key`) in `parent` is: the probe, with the GET of a file like
     /// the last one found there sent beside it (see `small`).
-    fn probe_name(
+    async fn probe_name(
         &self,
         parent: u64,
         name: &str,
@@ -556,13 +541,13 @@ impl<S: ObjectStore> S3Fs<S> {
         let ahead = self.cfg.file_metadata && !self.ns.exact_probes.load(Ordering::Relaxed);
         let sibling = ahead.then(|| self.ns.siblings.largest(parent)).flatten();
         let beside = sibling.map(|size| small::fetch_beside(&self.rt, &self.cache, &key, size));
-        let probe = self.rt.block_on(self.probe(&key, &dir_prefix));
+        let probe = self.probe(&key, &dir_prefix).await;
         // Its answer, when it is one (a 404 or a failure says nothing the probe does not).
-        let beside = beside.and_then(|task| {
-            let answer = self.rt.block_on(small::joined(task, "GetObject", &key));
-            answer.ok()
-        });
-        let probe = probe.map_err(|e| self.fail("lookup", &e))?;
+        let beside = match beside {
+            Some(task) => small::joined(task, "GetObject", &key).await.ok(),
+            None => None,
+        };
+        let probe = probe?;
         if ahead {
             let file_size = probe.file.as_ref().filter(|_| !probe.dir).map(|f| f.size);
             self.ns.siblings.found(parent, file_size);
@@ -580,19 +565,19 @@ impl<S: ObjectStore> S3Fs<S> {
             return Ok((child, stat));
         }
         match probe.file {
-            Some(info) => self.found_file(parent, name, key, info, beside, now),
+            Some(info) => self.found_file(parent, name, key, info, beside, now).await,
             None => {
                 if let Some(child) = self.inodes.child(parent, name) {
                     child.invalidate();
                 }
                 self.remember_missing(key);
-                Err(Errno::ENOENT)
+                Err(Errno::ENOENT.into())
             }
         }
     }
 
     /// The probe found file `info` at `key`; `beside` is the answer of a GET sent with it.
-    fn found_file(
+    async fn found_file(
         &self,
         parent: u64,
         name: &str,
@@ -612,15 +597,15 @@ impl<S: ObjectStore> S3Fs<S> {
                 None => {
                     let last = Some((info.size, info.etag.as_str()));
                     let asked = small::ask_file(&self.cache, &self.s3, &key, last);
-                    match self.rt.block_on(asked) {
+                    match asked.await {
                         Ok(head) => head,
                         Err(e) if e.kind == S3ErrorKind::NotFound => {
                             if let Some(c) = self.inodes.child(parent, name) {
                                 c.invalidate();
                             }
-                            return Err(Errno::ENOENT);
+                            return Err(Errno::ENOENT.into());
                         }
-                        Err(e) => return Err(self.fail("lookup", &e)),
+                        Err(e) => return Err(e.into()),
                     }
                 }
             };
@@ -628,14 +613,14 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let kind = Kind::of_object(stat.meta.as_ref());
         let child = self.inodes.upsert_child(parent, name, kind, key);
-        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        self.remember(&child, stat.clone(), now);
         Ok((child, stat))
     }
 
     /// Whether `name` is missing from directory `p` as far as this mount knows without asking
     /// about the name itself (see `whole_dirs`): a directory it made or listed in full within the
     /// negative TTL; a small one whose knowledge expired is listed again (one page).
-    fn absent_by_listing(&self, p: &Inode, name: &str, now: Instant) -> FsResult<bool> {
+    async fn absent_by_listing(&self, p: &Inode, name: &str, now: Instant) -> FsResult<bool> {
         // A name this mount has an inode for is answered by the usual path.
         if self.inodes.child(p.ino, name).is_some() {
             return Ok(false);
@@ -645,14 +630,9 @@ impl<S: ObjectStore> S3Fs<S> {
             whole_dirs::Answer::Listed | whole_dirs::Answer::Unknown => Ok(false),
             whole_dirs::Answer::Expired => {
                 let page = self
-                    .rt
-                    .block_on(self.s3.list_page(
-                        p.key(),
-                        Some("/"),
-                        None,
-                        whole_dirs::MAX_NAMES as i32,
-                    ))
-                    .map_err(|e| self.fail("lookup", &e))?;
+                    .s3
+                    .list_page(p.key(), Some("/"), None, whole_dirs::MAX_NAMES as i32)
+                    .await?;
                 if page.next_token.is_some() {
                     self.ns.whole_dirs.large(p.ino, now);
                     return Ok(false);
@@ -670,6 +650,20 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// What S3 says of file `inode` now (see `small`: a small one comes whole).
+    /// What S3 answered about `inode` at `at`: its attributes from then on, trusted for the
+    /// metadata TTL (`at` is when it was asked, not when the answer came).
+    fn remember(&self, inode: &Inode, stat: Stat, at: Instant) -> Stat {
+        inode.set_stat_asked(stat.clone(), self.ttl_from(at), at);
+        stat
+    }
+
+    /// HeadObject of the file `inode`, remembered.
+    async fn head_stat(&self, inode: &Inode) -> Result<Stat, S3Error> {
+        let at = Instant::now();
+        let info = self.s3.head(inode.key()).await?;
+        Ok(self.remember(inode, Stat::from(&info), at))
+    }
+
     async fn ask_file(&self, inode: &Inode) -> Result<s3rdma_client::ObjectInfo, S3Error> {
         let last = inode.last_stat();
         let last = last.as_ref().map(|s| (s.size, s.etag.as_str()));
@@ -712,7 +706,7 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(Probe { file, dir })
     }
 
-    fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
+    async fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if let Some(stat) = self.local_stat(ino) {
             return Ok(self.attr(&inode, &stat));
@@ -729,21 +723,17 @@ impl<S: ObjectStore> S3Fs<S> {
                 inode.set_stat(stat.clone(), self.ttl_from(now));
                 Ok(self.attr(&inode, &stat))
             }
-            Kind::File | Kind::Symlink => match self.rt.block_on(self.s3.head(inode.key())) {
-                Ok(info) => {
-                    let stat = Stat::from(&info);
-                    inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                    Ok(self.attr(&inode, &stat))
-                }
-                Err(e) => {
-                    inode.invalidate();
-                    Err(self.fail("getattr", &e))
-                }
-            },
+            Kind::File | Kind::Symlink => {
+                let stat = self
+                    .head_stat(&inode)
+                    .await
+                    .inspect_err(|_| inode.invalidate())?;
+                Ok(self.attr(&inode, &stat))
+            }
         }
     }
 
-    fn do_open(
+    async fn do_open(
         &self,
         ino: u64,
         flags: OpenFlags,
@@ -752,9 +742,9 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<Opened> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         match inode.kind {
-            Kind::Dir => return Err(Errno::EISDIR),
+            Kind::Dir => return Err(Errno::EISDIR.into()),
             // The kernel follows links itself; it never opens one.
-            Kind::Symlink => return Err(Errno::ELOOP),
+            Kind::Symlink => return Err(Errno::ELOOP.into()),
             Kind::File => {}
         }
         if let Some(staged) = self.acquire_staged(ino) {
@@ -763,16 +753,17 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             // Attributes set before are stored with the version they were set on.
-            self.store_attrs(ino)?;
+            self.store_attrs(ino).await?;
             return self
                 .open_for_write(&inode, flags, pid)
+                .await
                 .map(|(fh, fl)| Opened::Plain(fh, fl));
         }
         if self.writing(ino).is_some() {
             warn!(key = %inode.key(), "file is being written in this mount; it can be read once it is closed");
-            return Err(Errno::EBUSY);
+            return Err(Errno::EBUSY.into());
         }
-        let stat = self.open_version(&inode)?;
+        let stat = self.open_version(&inode).await?;
         let keep_cache = self.keep_kernel_pages(&inode, &stat);
         let cached = self.disk.as_ref();
         let cached = cached.and_then(|d| d.lookup(inode.key(), &stat.etag, stat.size));
@@ -804,7 +795,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// version. The kernel's lookup right before this open may already have asked: an answer
     /// younger than OPEN_REVALIDATE_WINDOW is that same question (a listing is not: it may be
     /// old).
-    fn open_version(&self, inode: &Inode) -> FsResult<Stat> {
+    async fn open_version(&self, inode: &Inode) -> FsResult<Stat> {
         let now = Instant::now();
         let trusted = if self.cfg.open_trusts_metadata {
             inode.fresh_stat(now).filter(|s| !s.etag.is_empty())
@@ -814,13 +805,11 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(stat) = trusted.or_else(|| inode.recently_asked(now, OPEN_REVALIDATE_WINDOW)) {
             return Ok(stat);
         }
-        let info = self.rt.block_on(self.ask_file(inode)).map_err(|e| {
-            inode.invalidate();
-            self.fail("open", &e)
-        })?;
-        let stat = Stat::from(&info);
-        inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-        Ok(stat)
+        let info = self
+            .ask_file(inode)
+            .await
+            .inspect_err(|_| inode.invalidate())?;
+        Ok(self.remember(inode, Stat::from(&info), now))
     }
 
     /// Whether the kernel's pages of `inode` are of the version `stat` (kept across the open);
@@ -880,23 +869,20 @@ impl<S: ObjectStore> S3Fs<S> {
         }
     }
 
-    fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData<S>> {
+    async fn do_read(&self, fh: u64, offset: u64, size: u32) -> FsResult<ReadData<S>> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let reader = match &*file {
             OpenFile::Read(_, reader) => reader,
-            OpenFile::Disk(_, d) => return self.read_cached(d, offset, size),
+            OpenFile::Disk(_, d) => return self.read_cached(d, offset, size).await,
             OpenFile::Staged { file: s, .. } => {
-                return self.read_staged(s, offset, size).map(ReadData::Owned)
+                return self.read_staged(s, offset, size).await.map(ReadData::Owned)
             }
             OpenFile::Write(..) => {
                 warn!(fh, "reading a file while writing it is not supported; close it and open it again to read");
-                return Err(Errno::EOPNOTSUPP);
+                return Err(Errno::EOPNOTSUPP.into());
             }
         };
-        let data = self
-            .rt
-            .block_on(reader.read(offset, size))
-            .map_err(|e| self.fail("read", &e))?;
+        let data = reader.read(offset, size).await?;
         if let Some(opened) = reader.first_read() {
             self.counters.first_byte(opened);
         }
@@ -905,13 +891,13 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// The directory's entries: from a listing younger than the metadata TTL if this mount
     /// has one (and changed nothing since), else from S3.
-    fn list_dir(&self, inode: &Inode) -> FsResult<DirOut> {
+    async fn list_dir(&self, inode: &Inode) -> FsResult<DirOut> {
         let now = Instant::now();
         let (listing, cached) = match self.ns.listings.get(inode.ino, now) {
             Some(l) => (l, true),
             None => {
                 let generation = self.ns.listings.generation();
-                let entries = self.list_from_s3(inode)?;
+                let entries = self.list_from_s3(inode).await?;
                 self.ns
                     .whole_dirs
                     .listed(inode.ino, now, entries.iter().map(|(n, _)| n.as_str()));
@@ -1016,7 +1002,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let kind = Kind::of_object(stat.meta.as_ref());
         let key = names::child_key(dir.key(), name);
         let child = self.inodes.upsert_child(dir.ino, name, kind, key);
-        child.set_stat_asked(stat.clone(), self.ttl_from(at), at);
+        self.remember(&child, stat.clone(), at);
         child
     }
 
@@ -1065,10 +1051,10 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// One full ListObjectsV2 walk of the directory.
-    fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
+    async fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
         self.deletes.wait_prefix(inode.key());
         let mut builder = DirBuilder::new(inode.key());
-        let result: Result<(), S3Error> = self.rt.block_on(async {
+        let result: Result<(), S3Error> = async {
             let mut token = None;
             loop {
                 let mut page = self
@@ -1081,8 +1067,9 @@ impl<S: ObjectStore> S3Fs<S> {
                     return Ok(());
                 }
             }
-        });
-        result.map_err(|e| self.fail("readdir", &e))?;
+        }
+        .await;
+        result?;
         let (entries, hidden) = builder.finish();
         for h in hidden {
             self.log_hidden(&h.key, h.why);
@@ -1092,7 +1079,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// `f` of the entries of open directory `fh` (listed at offset 0), the types of those from
     /// `offset` to `offset + ahead` told (see `kinds`).
-    fn with_dir_entries<R>(
+    async fn with_dir_entries<R>(
         &self,
         ino: u64,
         fh: u64,
@@ -1101,17 +1088,17 @@ impl<S: ObjectStore> S3Fs<S> {
         f: impl FnOnce(&DirOut) -> R,
     ) -> FsResult<R> {
         let dir = self.lock_dirs().get(&fh).cloned().ok_or(Errno::EBADF)?;
-        let mut cached = dir.entries.locked();
+        let mut cached = dir.entries.lock().await;
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if offset == 0 || cached.is_none() {
-            *cached = Some(self.list_dir(&inode)?);
+            *cached = Some(self.list_dir(&inode).await?);
         }
         let out = cached.get_or_insert_with(DirOut::default);
         // Told until the first entry to hand out is known: a reply that stopped before any
         // entry would end the directory for the kernel.
         let mut from = offset as usize;
         loop {
-            self.tell_kinds(&inode, out, from, ahead)?;
+            self.tell_kinds(&inode, out, from, ahead).await?;
             let next = out
                 .entries
                 .iter()
@@ -1127,14 +1114,14 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// Write back the attribute changes of `ino` waiting to be (before its bytes change, at
     /// `fsync`).
-    fn store_attrs(&self, ino: u64) -> FsResult<()> {
-        self.attrs.flush(ino).map_err(errno)
+    async fn store_attrs(&self, ino: u64) -> FsResult<()> {
+        self.attrs.flush(ino).await.map_err(|e| Error::reported(&e))
     }
 
     /// Write back every attribute change waiting to be (the end of the mount); how many
     /// failed (each logged).
-    pub fn store_pending_attrs(&self) -> usize {
-        self.attrs.flush_all()
+    pub async fn store_pending_attrs(&self) -> usize {
+        self.attrs.flush_all().await
     }
 
     /// Wait for the deletes that finish renames (the end of the mount); how many were still
@@ -1199,7 +1186,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
 impl<S: ObjectStore> S3Fs<S> {
     /// Whether the file's current version (as last seen) is in the disk cache.
-    fn is_disk_cached(&self, ino: u64) -> Option<bool> {
+    async fn is_disk_cached(&self, ino: u64) -> Option<bool> {
         let inode = self.inodes.get(ino)?;
         if inode.kind == Kind::Dir {
             return Some(false);
@@ -1207,7 +1194,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let stat = match inode.recently_asked(Instant::now(), self.cfg.metadata_ttl) {
             Some(stat) => stat,
             None => {
-                let info = self.rt.block_on(self.s3.head(inode.key())).ok()?;
+                let info = self.s3.head(inode.key()).await.ok()?;
                 Stat::from(&info)
             }
         };
@@ -1219,7 +1206,7 @@ impl<S: ObjectStore> S3Fs<S> {
 impl<S: ObjectStore> S3Fs<S> {
     /// A read of a file open from the disk cache (when the kernel does not read it itself). A
     /// local read error is no read error: the bytes come from S3 instead (same ETag).
-    fn read_cached(&self, d: &DiskFile, offset: u64, size: u32) -> FsResult<ReadData<S>> {
+    async fn read_cached(&self, d: &DiskFile, offset: u64, size: u32) -> FsResult<ReadData<S>> {
         use std::os::unix::fs::FileExt;
         let end = d.cached.size.min(offset.saturating_add(size as u64));
         if offset >= end {
@@ -1228,9 +1215,10 @@ impl<S: ObjectStore> S3Fs<S> {
         let mut buf = vec![0u8; (end - offset) as usize];
         if let Err(e) = d.cached.file.read_exact_at(&mut buf, offset) {
             warn!(key = %d.key, error = %e, "reading the disk cache failed; reading from S3");
-            self.rt
-                .block_on(self.s3.get_range_into(&d.key, &d.etag, offset, &mut buf))
-                .map_err(|e| self.fail("read", &e.pinned_gone()))?;
+            self.s3
+                .get_range_into(&d.key, &d.etag, offset, &mut buf)
+                .await
+                .map_err(S3Error::pinned_gone)?;
         }
         Ok(ReadData::Owned(buf))
     }
@@ -1239,7 +1227,7 @@ impl<S: ObjectStore> S3Fs<S> {
 impl<S: ObjectStore> S3Fs<S> {
     /// The last handle of an open file is closed (the kernel's RELEASE): its reader, disk cache
     /// hold or write goes.
-    fn do_release(&self, fh: u64) {
+    async fn do_release(&self, fh: u64) {
         let file = self.lock_files().remove(&fh);
         match file.as_deref() {
             Some(OpenFile::Read(ino, reader)) => {
@@ -1257,30 +1245,30 @@ impl<S: ObjectStore> S3Fs<S> {
                 }
                 debug!(ino, key = d.key, passthrough = d.passthrough, "released");
             }
-            Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w),
+            Some(OpenFile::Write(ino, w)) => self.release_write(*ino, w).await,
             Some(OpenFile::Staged { ino, file: s, .. }) => {
                 // Its errors are logged (no process is left to report them to).
-                let _ = self.release_staged(*ino, s);
+                let _ = self.release_staged(*ino, s).await;
             }
             None => {}
         }
     }
 
     /// Open directory `ino` for listing; returns its handle.
-    fn do_opendir(&self, ino: u64) -> FsResult<u64> {
+    async fn do_opendir(&self, ino: u64) -> FsResult<u64> {
         match self.inodes.get(ino) {
             Some(i) if i.kind == Kind::Dir => {
                 let fh = self.handles.next_fh();
                 self.lock_dirs().insert(
                     fh,
                     Arc::new(OpenDir {
-                        entries: Mutex::new(None),
+                        entries: tokio::sync::Mutex::new(None),
                     }),
                 );
                 Ok(fh)
             }
-            Some(_) => Err(Errno::ENOTDIR),
-            None => Err(Errno::ENOENT),
+            Some(_) => Err(Errno::ENOTDIR.into()),
+            None => Err(Errno::ENOENT.into()),
         }
     }
 

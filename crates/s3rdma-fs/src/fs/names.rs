@@ -27,9 +27,11 @@ impl BadName {
             BadName::HasNul => "it contains a NUL byte",
         }
     }
+}
 
+impl crate::errno::ToErrno for BadName {
     /// The errno for a lookup of such a name.
-    pub fn errno(self) -> i32 {
+    fn to_errno(&self) -> i32 {
         match self {
             BadName::TooLong => libc::ENAMETOOLONG,
             _ => libc::EINVAL,
@@ -154,6 +156,7 @@ pub fn check_bucket(bucket: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::errno::ToErrno;
 
     #[test]
     fn names() {
@@ -166,7 +169,7 @@ mod tests {
         assert_eq!(check_name(&"x".repeat(256)), Err(BadName::TooLong));
         assert_eq!(check_name("a/b"), Err(BadName::HasSlash));
         assert_eq!(check_name("a\0b"), Err(BadName::HasNul));
-        assert_eq!(BadName::TooLong.errno(), libc::ENAMETOOLONG);
+        assert_eq!(BadName::TooLong.to_errno(), libc::ENAMETOOLONG);
     }
 
     // [S-NS-HIDDEN]

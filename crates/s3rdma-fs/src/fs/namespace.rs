@@ -17,7 +17,7 @@ use fuser::{Errno, FileAttr, RenameFlags};
 use tracing::{debug, warn};
 
 use super::inode::{Inode, Kind, Stat, ROOT_INO};
-use super::{errno, names, FsResult, S3Fs};
+use super::{names, FsResult, S3Fs};
 use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, PutSource, S3ErrorKind};
 
 /// What a `setattr` asks to change.
@@ -108,13 +108,13 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<(Arc<Inode>, &'a str)> {
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         let name = name.to_str().ok_or_else(|| {
             warn!(parent = %p.key(), "a file name must be UTF-8 to be an S3 key");
             Errno::EINVAL
         })?;
-        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        names::check_name(name)?;
         // Something is to be stored under this name: a rename's delete of it finishes first.
         self.deletes.wait_name(p.key(), name);
         Ok((p, name))
@@ -122,25 +122,35 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// The existing child `name` of `parent` (asking S3 if the inode table has no fresh
     /// answer).
-    fn existing_child(&self, parent: u64, name: &OsStr) -> FsResult<Arc<Inode>> {
-        self.resolve(parent, name).map(|(inode, _)| inode)
+    async fn existing_child(&self, parent: u64, name: &OsStr) -> FsResult<Arc<Inode>> {
+        self.resolve(parent, name).await.map(|(inode, _)| inode)
     }
 
-    pub(super) fn do_mkdir(&self, parent: u64, name: &OsStr, mode: u32) -> FsResult<FileAttr> {
+    pub(super) async fn do_mkdir(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+    ) -> FsResult<FileAttr> {
         let _ns = self.ns_change();
         let (p, name) = self.dir_and_name(parent, name)?;
         let prefix = names::dir_prefix_of(&names::child_key(p.key(), name));
         if self.cfg.dir_markers {
-            let stored = self.rt.block_on(self.s3.put_object_if(
-                &prefix,
-                PutSource::Plain(&[]),
-                &Condition::IfNoneMatch,
-                &FileMeta::default(),
-            ));
+            let stored = self
+                .s3
+                .put_object_if(
+                    &prefix,
+                    PutSource::Plain(&[]),
+                    &Condition::IfNoneMatch,
+                    &FileMeta::default(),
+                )
+                .await;
             match stored {
                 Ok(_) => {}
-                Err(e) if e.kind == S3ErrorKind::PreconditionFailed => return Err(Errno::EEXIST),
-                Err(e) => return Err(self.fail("mkdir", &e)),
+                Err(e) if e.kind == S3ErrorKind::PreconditionFailed => {
+                    return Err(Errno::EEXIST.into())
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         let child = self.inodes.upsert_child(parent, name, Kind::Dir, prefix);
@@ -163,28 +173,23 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok(self.entry(&child, &stat))
     }
 
-    pub(super) fn do_rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+    pub(super) async fn do_rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
         let _ns = self.ns_change();
-        let child = self.existing_child(parent, name)?;
+        let child = self.existing_child(parent, name).await?;
         if child.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         if !self.local_files_in(child.ino).is_empty() || !self.local_dirs_in(child.ino).is_empty() {
-            return Err(Errno::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY.into());
         }
         self.deletes.wait_prefix(child.key());
-        let page = self
-            .rt
-            .block_on(self.s3.list_page(child.key(), Some("/"), None, 2))
-            .map_err(|e| self.fail("rmdir", &e))?;
+        let page = self.s3.list_page(child.key(), Some("/"), None, 2).await?;
         let marker = page.objects.iter().any(|o| o.key == child.key());
         if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != child.key()) {
-            return Err(Errno::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY.into());
         }
         if marker {
-            self.rt
-                .block_on(self.s3.delete_object(child.key()))
-                .map_err(|e| self.fail("rmdir", &e))?;
+            self.s3.delete_object(child.key()).await?;
         }
         self.forget_dir(&child);
         debug!(key = %child.key(), "directory removed");
@@ -199,15 +204,15 @@ impl<S: ObjectStore> S3Fs<S> {
         self.inodes.remove_child(child.parent, child.name());
     }
 
-    pub(super) fn do_unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+    pub(super) async fn do_unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
         let _ns = self.ns_change();
-        let child = self.existing_child(parent, name)?;
+        let child = self.existing_child(parent, name).await?;
         if child.kind == Kind::Dir {
-            return Err(Errno::EISDIR);
+            return Err(Errno::EISDIR.into());
         }
         if let Some(s) = self.acquire_staged(child.ino) {
-            let r = self.unlink_staged(&s);
-            let _ = self.release_staged(child.ino, &s);
+            let r = self.unlink_staged(&s).await;
+            let _ = self.release_staged(child.ino, &s).await;
             r?;
             self.forget_file(&child);
             debug!(key = %child.key(), "removed while staged");
@@ -217,17 +222,19 @@ impl<S: ObjectStore> S3Fs<S> {
         // goes now, and what its open handles write is stored nowhere. One already being
         // stored is waited for, then deleted as any stored file.
         if self.writing(child.ino).is_some()
-            && self.while_writing(child.ino, &mut |up| up.discard())?
+            && self
+                .while_writing(child.ino, &mut |up| up.discard())
+                .await?
         {
             self.lock_writing().remove(&child.ino);
         }
         // Attribute changes not written back yet go with the object.
         let pending = self.attrs.take(child.ino);
-        if let Err(e) = self.rt.block_on(self.s3.delete_object(child.key())) {
+        if let Err(e) = self.s3.delete_object(child.key()).await {
             if let Some(p) = pending {
                 self.attrs.restore(p);
             }
-            return Err(self.fail("unlink", &e));
+            return Err(e.into());
         }
         self.forget_file(&child);
         debug!(key = %child.key(), "removed");
@@ -241,7 +248,7 @@ impl<S: ObjectStore> S3Fs<S> {
         self.remember_missing(child.key().to_string());
     }
 
-    pub(super) fn do_rename(
+    pub(super) async fn do_rename(
         &self,
         parent: u64,
         name: &OsStr,
@@ -253,21 +260,21 @@ impl<S: ObjectStore> S3Fs<S> {
         if flags.contains(RenameFlags::RENAME_EXCHANGE)
             || flags.contains(RenameFlags::RENAME_WHITEOUT)
         {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
-        let src = self.existing_child(parent, name)?;
+        let src = self.existing_child(parent, name).await?;
         let (np, new_name) = self.dir_and_name(new_parent, new_name)?;
         if src.kind == Kind::Dir {
-            return self.rename_dir(&src, &np, new_name, flags);
+            return self.rename_dir(&src, &np, new_name, flags).await;
         }
         let dst_key = names::child_key(np.key(), new_name);
         if dst_key == src.key() {
             return Ok(());
         }
-        let dst = self.rename_target(new_parent, new_name, flags)?;
+        let dst = self.rename_target(new_parent, new_name, flags).await?;
         let to = (new_parent, new_name, dst_key.as_str());
         if let Some(s) = self.acquire_staged(src.ino) {
-            return self.rename_staged_file(&src, &s, dst.as_deref(), to);
+            return self.rename_staged_file(&src, &s, dst.as_deref(), to).await;
         }
         // A staged file replaced by the rename stores nothing any more.
         if let Some(d) = dst.as_deref().and_then(|d| self.staged(d.ino)) {
@@ -275,51 +282,54 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         // A file not stored yet (still open) will be stored under the new name. One being
         // stored right now (its last close or release is committing it) is waited for.
-        if self.while_writing(src.ino, &mut |up| up.retarget(&dst_key))? {
+        if self
+            .while_writing(src.ino, &mut |up| up.retarget(&dst_key))
+            .await?
+        {
             self.moved(&src, dst.as_deref(), new_parent, new_name, &dst_key, None);
             debug!(from = %src.key(), to = %dst_key, "renamed while being written");
             return Ok(());
         }
-        self.rename_stored(&src, dst.as_deref(), to)
+        self.rename_stored(&src, dst.as_deref(), to).await
     }
 
     /// What a file rename to `new_name` in `new_parent` replaces (a file, or nothing), or why
     /// it may not.
-    fn rename_target(
+    async fn rename_target(
         &self,
         new_parent: u64,
         new_name: &str,
         flags: RenameFlags,
     ) -> FsResult<Option<Arc<Inode>>> {
-        let dst = match self.resolve(new_parent, OsStr::new(new_name)) {
+        let dst = match self.resolve(new_parent, OsStr::new(new_name)).await {
             Ok((inode, _)) => inode,
-            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) if e == Errno::ENOENT => return Ok(None),
             Err(e) => return Err(e),
         };
         if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-            return Err(Errno::EEXIST);
+            return Err(Errno::EEXIST.into());
         }
         if dst.kind == Kind::Dir {
-            return Err(Errno::EISDIR);
+            return Err(Errno::EISDIR.into());
         }
         if self.writing(dst.ino).is_some() {
-            return Err(Errno::EBUSY);
+            return Err(Errno::EBUSY.into());
         }
         Ok(Some(dst))
     }
 
     /// The rename of a staged file `src` (acquired as `s`) to `to` (parent, name, key): it is
     /// stored under the new name once its last handle is gone.
-    fn rename_staged_file(
+    async fn rename_staged_file(
         &self,
         src: &Inode,
         s: &Arc<super::staged::Staged<S>>,
         dst: Option<&Inode>,
         (new_parent, new_name, dst_key): (u64, &str, &str),
     ) -> FsResult<()> {
-        let r = self.rename_staged(s, dst_key, dst.is_some());
+        let r = self.rename_staged(s, dst_key, dst.is_some()).await;
         if r.is_err() {
-            let _ = self.release_staged(src.ino, s);
+            let _ = self.release_staged(src.ino, s).await;
             return r;
         }
         if let Some(d) = dst.and_then(|d| self.staged(d.ino)) {
@@ -327,7 +337,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         self.moved(src, dst, new_parent, new_name, dst_key, None);
         // Its last handle gone, it is stored now, under the new name.
-        self.release_staged(src.ino, s)?;
+        self.release_staged(src.ino, s).await?;
         debug!(from = %src.key(), to = %dst_key, "renamed while staged");
         Ok(())
     }
@@ -335,7 +345,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The rename of a stored file: a server-side copy conditional on the source's ETag (its
     /// attributes, and changes not written back yet, go along), then the source's delete in
     /// the background (see `deletes`).
-    fn rename_stored(
+    async fn rename_stored(
         &self,
         src: &Inode,
         dst: Option<&Inode>,
@@ -351,9 +361,9 @@ impl<S: ObjectStore> S3Fs<S> {
                 _ => meta,
             }
         };
-        let copied = self.copy_known(src, "rename", |info| {
-            (dst_key.to_string(), with_changes(info))
-        });
+        let copied = self
+            .copy_known(src, |info| (dst_key.to_string(), with_changes(info)))
+            .await;
         let (info, etag) = match copied {
             Ok(c) => c,
             Err(e) => {
@@ -388,36 +398,29 @@ impl<S: ObjectStore> S3Fs<S> {
     /// attributes under the same ETag (SeaweedFS does), and rsync's chmod, utimes and rename in
     /// a row would store a stale mtime. The copy is conditional on that ETag; if the object
     /// changed meanwhile, the source is asked for (HeadObject) and the copy tried once more.
-    fn copy_known(
+    async fn copy_known(
         &self,
         inode: &Inode,
-        op: &str,
         target: impl Fn(&ObjectInfo) -> (String, FileMeta),
     ) -> FsResult<(ObjectInfo, String)> {
         let known = self.learnt_version(inode);
         let copy = |info: &ObjectInfo| {
             let (dst, meta) = target(info);
-            self.rt.block_on(self.s3.copy_object(
-                info,
-                &dst,
-                &meta,
-                self.cfg.multipart_copy_threshold,
-            ))
+            let info = info.clone();
+            let threshold = self.cfg.multipart_copy_threshold;
+            async move { self.s3.copy_object(&info, &dst, &meta, threshold).await }
         };
         if let Some(info) = known {
-            match copy(&info) {
+            match copy(&info).await {
                 Ok(etag) => return Ok((info, etag)),
                 Err(e) if e.kind == S3ErrorKind::PreconditionFailed => {
                     debug!(key = %inode.key(), "changed since this mount last saw it; asking S3")
                 }
-                Err(e) => return Err(self.fail(op, &e)),
+                Err(e) => return Err(e.into()),
             }
         }
-        let info = self
-            .rt
-            .block_on(self.s3.head(inode.key()))
-            .map_err(|e| self.fail(op, &e))?;
-        let etag = copy(&info).map_err(|e| self.fail(op, &e))?;
+        let info = self.s3.head(inode.key()).await?;
+        let etag = copy(&info).await?;
         Ok((info, etag))
     }
 
@@ -437,16 +440,13 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// What [`Self::known`] gives, else what HeadObject answers now (and is remembered).
-    pub(super) fn known_version(&self, inode: &Inode, op: &str) -> FsResult<ObjectInfo> {
+    pub(super) async fn known_version(&self, inode: &Inode) -> FsResult<ObjectInfo> {
         if let Some(info) = self.learnt_version(inode) {
             return Ok(info);
         }
-        let info = self
-            .rt
-            .block_on(self.s3.head(inode.key()))
-            .map_err(|e| self.fail(op, &e))?;
+        let info = self.s3.head(inode.key()).await?;
         let now = Instant::now();
-        inode.set_stat_asked(Stat::from(&info), self.ttl_from(now), now);
+        self.remember(inode, Stat::from(&info), now);
         Ok(info)
     }
 
@@ -477,7 +477,7 @@ impl<S: ObjectStore> S3Fs<S> {
         {
             if let Some(stat) = stat {
                 let now = Instant::now();
-                moved.set_stat_asked(stat, self.ttl_from(now), now);
+                self.remember(&moved, stat, now);
             }
         }
     }
@@ -488,18 +488,18 @@ impl<S: ObjectStore> S3Fs<S> {
     /// written does nothing, to any other size stages the file (see `staged`; EOPNOTSUPP on a
     /// mount that cannot stage). Directories: kept in memory for the life of the mount. atime
     /// is not kept (the mount is noatime).
-    pub(super) fn do_setattr(&self, ino: u64, set: SetAttr) -> FsResult<FileAttr> {
+    pub(super) async fn do_setattr(&self, ino: u64, set: SetAttr) -> FsResult<FileAttr> {
         let _ns = self.ns_change();
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if self.cfg.read_only {
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         }
         let mut change = set.meta();
         if inode.kind == Kind::Symlink {
             // A link has no mode of its own (chmod follows it); its type bits stay stored.
             change.mode = None;
             if set.size.is_some() {
-                return Err(Errno::EINVAL);
+                return Err(Errno::EINVAL.into());
             }
         }
         if inode.kind == Kind::Dir {
@@ -508,41 +508,43 @@ impl<S: ObjectStore> S3Fs<S> {
                 let merged = map.get(&ino).cloned().unwrap_or_default().merged(&change);
                 map.insert(ino, merged);
             }
-            return self.do_getattr(ino);
+            return self.do_getattr(ino).await;
         }
-        if self.setattr_staged_file(ino, set.size, &change)? {
-            return self.do_getattr(ino);
+        if self.setattr_staged_file(ino, set.size, &change).await? {
+            return self.do_getattr(ino).await;
         }
         if let Some(w) = self.writing(ino) {
             if let Some(size) = set.size {
-                self.truncate_writing(ino, size)?;
+                self.truncate_writing(ino, size).await?;
             }
-            let applied = self.while_writing(ino, &mut |up| {
-                up.set_meta(&change);
-                w.set_meta(&change);
-            })?;
+            let applied = self
+                .while_writing(ino, &mut |up| {
+                    up.set_meta(&change);
+                    w.set_meta(&change);
+                })
+                .await?;
             if applied {
-                return self.do_getattr(ino);
+                return self.do_getattr(ino).await;
             }
         }
         match set.size {
-            None if change.is_empty() => self.do_getattr(ino),
+            None if change.is_empty() => self.do_getattr(ino).await,
             // Only attributes: written back shortly, by one copy for all the changes that
             // follow (see `attrs`), onto the version this mount knows.
             None => {
-                let base = self.known_version(&inode, "setattr")?;
+                let base = self.known_version(&inode).await?;
                 let stat = Stat::from(&base);
                 self.attrs.defer(inode.clone(), base, &change);
                 Ok(self.attr(&inode, &stat))
             }
-            Some(size) => self.truncate_stored_file(&inode, size, &change),
+            Some(size) => self.truncate_stored_file(&inode, size, &change).await,
         }
     }
 
     /// `setattr` of a staged file: applied to it and `true`, or `false` when it is not staged
     /// (any more). Counted as a handle meanwhile, so that a last release running now cannot
     /// drop the change; if no other handle is left, the change is stored at once.
-    fn setattr_staged_file(
+    async fn setattr_staged_file(
         &self,
         ino: u64,
         size: Option<u64>,
@@ -557,11 +559,11 @@ impl<S: ObjectStore> S3Fs<S> {
         let closing =
             size.is_none() && s.handles() == 1 && !s.file.is_dirty() && s.file.base().is_some();
         if closing {
-            self.release_staged(ino, &s)?;
+            self.release_staged(ino, &s).await?;
             return Ok(false);
         }
         let r = self.setattr_staged(&s, size, change);
-        let stored = self.release_staged(ino, &s);
+        let stored = self.release_staged(ino, &s).await;
         r.and(stored)?;
         Ok(true)
     }
@@ -569,38 +571,31 @@ impl<S: ObjectStore> S3Fs<S> {
     /// `truncate` of a stored file (with the attribute `change`): to 0 an empty object in its
     /// place, to its size a copy onto itself, to another size the file staged (the unchanged
     /// bytes copied on the server), all conditional on its ETag.
-    fn truncate_stored_file(
+    async fn truncate_stored_file(
         &self,
         inode: &Arc<Inode>,
         size: u64,
         change: &FileMeta,
     ) -> FsResult<FileAttr> {
-        self.store_attrs(inode.ino)?;
-        let info = self
-            .rt
-            .block_on(self.s3.head(inode.key()))
-            .map_err(|e| self.fail("setattr", &e))?;
+        self.store_attrs(inode.ino).await?;
+        let info = self.s3.head(inode.key()).await?;
         let meta = info.meta.clone().unwrap_or_default().merged(change);
         let etag = if size == 0 {
             let unchanged = Condition::IfMatch(info.etag.clone());
             let put = self
                 .s3
                 .put_object_if(inode.key(), PutSource::Plain(&[]), &unchanged, &meta);
-            self.rt
-                .block_on(put)
-                .map_err(|e| self.fail("truncate", &e))?
+            put.await?
         } else if size != info.size && self.can_stage() {
-            self.truncate_stored(inode, &info, size, change)?;
-            return self.do_getattr(inode.ino);
+            self.truncate_stored(inode, &info, size, change).await?;
+            return self.do_getattr(inode.ino).await;
         } else if size != info.size {
             warn!(key = %inode.key(), size, "an object can only be truncated to 0 (or rewritten with O_TRUNC) on a mount that cannot stage files");
-            return Err(Errno::EOPNOTSUPP);
+            return Err(Errno::EOPNOTSUPP.into());
         } else {
             let threshold = self.cfg.multipart_copy_threshold;
             let copy = self.s3.copy_object(&info, inode.key(), &meta, threshold);
-            self.rt
-                .block_on(copy)
-                .map_err(|e| self.fail("setattr", &e))?
+            copy.await?
         };
         let now = Instant::now();
         let stat = Stat::from(&ObjectInfo {
@@ -610,7 +605,7 @@ impl<S: ObjectStore> S3Fs<S> {
             last_modified: SystemTime::now(),
             meta: Some(meta),
         });
-        inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        self.remember(inode, stat.clone(), now);
         if size != info.size {
             inode.forget_opened();
         }

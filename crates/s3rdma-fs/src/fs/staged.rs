@@ -25,8 +25,8 @@ use fuser::{Errno, FopenFlags, INodeNo, OpenAccMode, OpenFlags};
 use tracing::{debug, warn};
 
 use super::inode::{Inode, Stat};
-use super::{errno, FsResult, OpenFile, S3Fs};
-use crate::stage::{StageError, StagedFile};
+use super::{Error, FsResult, OpenFile, S3Fs};
+use crate::stage::StagedFile;
 use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore};
 
 /// A staged inode: its file, and how many handles have it open.
@@ -58,10 +58,6 @@ impl<S: ObjectStore> Staged<S> {
             meta: Some(s.meta),
         }
     }
-}
-
-fn stage_errno(e: &StageError) -> Errno {
-    errno(e.errno())
 }
 
 /// Whether a write open must be staged (the streaming path writes only new contents front to
@@ -122,11 +118,11 @@ impl<S: ObjectStore> S3Fs<S> {
         meta: FileMeta,
     ) -> FsResult<Arc<Staged<S>>> {
         let (Some(area), Some(up)) = (&self.writes.stage, &self.writes.uploader) else {
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         };
         if self.writes.closing.load(Ordering::SeqCst) {
             warn!(key = %inode.key(), "the mount is shutting down: no new files can be written");
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         }
         let mut map = self.lock_staged();
         if let Some(s) = map
@@ -137,10 +133,7 @@ impl<S: ObjectStore> S3Fs<S> {
             return Ok(s.clone());
         }
         let file = StagedFile::new(area.clone(), up.clone(), inode.key(), base, cond, meta)
-            .map_err(|e| {
-                warn!(key = %inode.key(), error = %e, "cannot stage the file");
-                stage_errno(&e)
-            })?;
+            .map_err(|e| Error::staged(inode.key(), e))?;
         let staged = Arc::new(Staged {
             file,
             handles: AtomicUsize::new(1),
@@ -168,7 +161,10 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<(u64, FopenFlags)> {
         let writes = flags.acc_mode() != OpenAccMode::O_RDONLY;
         if flags.0 & libc::O_TRUNC != 0 && writes {
-            staged.file.truncate(0).map_err(|e| stage_errno(&e))?;
+            staged
+                .file
+                .truncate(0)
+                .map_err(|e| Error::staged(staged.file.key(), e))?;
         }
         let first = staged.handles.load(Ordering::SeqCst) == 1;
         debug!(ino, flags = flags.0, first, "staged handle opened");
@@ -215,27 +211,33 @@ impl<S: ObjectStore> S3Fs<S> {
         self.open_staged(inode.ino, staged, flags)
     }
 
-    pub(super) fn read_staged(&self, s: &Staged<S>, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub(super) async fn read_staged(
+        &self,
+        s: &Staged<S>,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Vec<u8>> {
         s.file
             .read(offset, size)
-            .map_err(|e| self.stage_failed("read", &s.file, &e))
+            .await
+            .map_err(|e| Error::staged(s.file.key(), e))
     }
 
     pub(super) fn write_staged(&self, s: &Staged<S>, offset: u64, data: &[u8]) -> FsResult<u32> {
         s.file
             .write(offset, data)
-            .map_err(|e| self.stage_failed("write", &s.file, &e))?;
+            .map_err(|e| Error::staged(s.file.key(), e))?;
         Ok(data.len() as u32)
     }
 
     /// Store a staged file's changes (fsync, close): errors go to the caller.
-    pub(super) fn commit_staged(&self, ino: u64, s: &Staged<S>) -> FsResult<()> {
+    pub(super) async fn commit_staged(&self, ino: u64, s: &Staged<S>) -> FsResult<()> {
         let _ns = self.ns_change();
-        match s.file.commit() {
+        match s.file.commit().await {
             Ok(Some(info)) => {
                 if let Some(inode) = self.inodes.get(ino) {
                     let now = Instant::now();
-                    inode.set_stat_asked(Stat::from(&info), self.ttl_from(now), now);
+                    self.remember(&inode, Stat::from(&info), now);
                     // The kernel's pages are this version's.
                     inode.swap_opened_etag(&info.etag);
                 }
@@ -246,21 +248,21 @@ impl<S: ObjectStore> S3Fs<S> {
                 if let Some(inode) = self.inodes.get(ino) {
                     inode.invalidate();
                 }
-                Err(self.stage_failed("commit", &s.file, &e))
+                Err(Error::staged(s.file.key(), e))
             }
         }
     }
 
     /// A handle of a staged inode is gone; after the last, what is left is stored (its error
     /// returned) and the state dropped.
-    pub(super) fn release_staged(&self, ino: u64, s: &Arc<Staged<S>>) -> FsResult<()> {
+    pub(super) async fn release_staged(&self, ino: u64, s: &Arc<Staged<S>>) -> FsResult<()> {
         let left = s.handles.fetch_sub(1, Ordering::SeqCst) - 1;
         debug!(ino, handles = left, "staged handle released");
         if left != 0 {
             return Ok(());
         }
         let result = if s.file.is_dirty() {
-            self.commit_staged(ino, s)
+            self.commit_staged(ino, s).await
         } else {
             Ok(())
         };
@@ -288,7 +290,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// `truncate` of a stored file no handle has open, to `n` bytes: staged just for this,
     /// stored at once (conditional on the version `info`), the staged state dropped.
-    pub(super) fn truncate_stored(
+    pub(super) async fn truncate_stored(
         &self,
         inode: &Inode,
         info: &ObjectInfo,
@@ -302,10 +304,11 @@ impl<S: ObjectStore> S3Fs<S> {
             Condition::IfMatch(info.etag.clone()),
             meta,
         )?;
-        let r = self
-            .setattr_staged(&s, Some(n), change)
-            .and_then(|()| self.commit_staged(inode.ino, &s));
-        let stored = self.release_staged(inode.ino, &s);
+        let r = match self.setattr_staged(&s, Some(n), change) {
+            Ok(()) => self.commit_staged(inode.ino, &s).await,
+            Err(e) => Err(e),
+        };
+        let stored = self.release_staged(inode.ino, &s).await;
         r.and(stored)
     }
 
@@ -320,7 +323,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if let Some(n) = size {
             s.file
                 .truncate(n)
-                .map_err(|e| self.stage_failed("truncate", &s.file, &e))?;
+                .map_err(|e| Error::staged(s.file.key(), e))?;
         }
         if !change.is_empty() {
             s.file.set_meta(change);
@@ -330,11 +333,9 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// `unlink` of a staged file: nothing is stored any more; its base version (if any) is
     /// deleted on the server as for any file.
-    pub(super) fn unlink_staged(&self, s: &Staged<S>) -> FsResult<()> {
+    pub(super) async fn unlink_staged(&self, s: &Staged<S>) -> FsResult<()> {
         if let Some((key, _)) = s.file.base() {
-            self.rt
-                .block_on(self.s3.delete_object(&key))
-                .map_err(|e| self.fail("unlink", &e))?;
+            self.s3.delete_object(&key).await?;
         }
         s.file.unlink();
         s.unlinked.store(true, Ordering::Relaxed);
@@ -344,7 +345,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// A rename of a staged file to `dst_key` (`replacing`: a file is there): its base version
     /// moves on the server (a copy conditional on its ETag, then a delete); the next commit
     /// goes to the new key.
-    pub(super) fn rename_staged(
+    pub(super) async fn rename_staged(
         &self,
         s: &Staged<S>,
         dst_key: &str,
@@ -352,25 +353,17 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<()> {
         match s.file.base() {
             Some((key, etag)) => {
-                let info = self
-                    .rt
-                    .block_on(self.s3.head(&key))
-                    .map_err(|e| self.fail("rename", &e))?;
+                let info = self.s3.head(&key).await?;
                 if info.etag != etag {
                     warn!(key, "the object changed on the server since it was opened; the rename is refused (ESTALE)");
-                    return Err(Errno::ESTALE);
+                    return Err(Errno::ESTALE.into());
                 }
                 let meta = info.meta.clone().unwrap_or_default();
                 let new = self
-                    .rt
-                    .block_on(self.s3.copy_object(
-                        &info,
-                        dst_key,
-                        &meta,
-                        self.cfg.multipart_copy_threshold,
-                    ))
-                    .map_err(|e| self.fail("rename", &e))?;
-                if let Err(e) = self.rt.block_on(self.s3.delete_object(&key)) {
+                    .s3
+                    .copy_object(&info, dst_key, &meta, self.cfg.multipart_copy_threshold)
+                    .await?;
+                if let Err(e) = self.s3.delete_object(&key).await {
                     warn!(key, to = dst_key, error = %e, "renamed by copy, but the source could not be deleted; it is still there");
                 }
                 s.file.moved(
@@ -389,20 +382,5 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         Ok(())
-    }
-
-    /// Log a failed operation on a staged file; its errno.
-    fn stage_failed(&self, op: &str, f: &StagedFile<S>, e: &StageError) -> Errno {
-        match e {
-            StageError::S3(s3) => self.fail(op, s3),
-            StageError::Conflict { .. } => {
-                self.counters.failures.count(e.errno());
-                stage_errno(e)
-            }
-            _ => {
-                warn!(op, key = %f.key(), error = %e, "staged file operation failed");
-                stage_errno(e)
-            }
-        }
     }
 }

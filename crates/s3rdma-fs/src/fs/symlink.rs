@@ -12,15 +12,15 @@ use fuser::{Errno, FileAttr};
 use tracing::{debug, info, warn};
 
 use super::inode::{Kind, Stat};
-use super::{names, FsResult, S3Fs};
-use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, PutSource};
+use super::{names, Error, FsResult, S3Fs};
+use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, PutSource, S3Error};
 
 /// Linux's longest symbolic link target.
 const MAX_TARGET: usize = 4095;
 
 impl<S: ObjectStore> S3Fs<S> {
     /// `symlink(target, parent/name)`: one PutObject (`If-None-Match: *`).
-    pub(super) fn do_symlink(
+    pub(super) async fn do_symlink(
         &self,
         parent: u64,
         name: &OsStr,
@@ -29,12 +29,12 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<FileAttr> {
         let _ns = self.ns_change();
         if self.cfg.read_only {
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         }
         let (p, name) = self.dir_and_name(parent, name)?;
         let target = target.as_os_str().as_encoded_bytes();
         if target.is_empty() || target.len() > MAX_TARGET {
-            return Err(Errno::ENAMETOOLONG);
+            return Err(Errno::ENAMETOOLONG.into());
         }
         let key = names::child_key(p.key(), name);
         let (uid, gid) = owner;
@@ -43,16 +43,17 @@ impl<S: ObjectStore> S3Fs<S> {
             (gid != self.cfg.gid).then_some(gid),
         );
         let etag = self
-            .rt
-            .block_on(self.s3.put_object_if(
+            .s3
+            .put_object_if(
                 &key,
                 PutSource::Plain(target),
                 &Condition::IfNoneMatch,
                 &meta,
-            ))
+            )
+            .await
             .map_err(|e| match e.kind {
-                s3rdma_client::S3ErrorKind::PreconditionFailed => Errno::EEXIST,
-                _ => self.fail("symlink", &e),
+                s3rdma_client::S3ErrorKind::PreconditionFailed => Errno::EEXIST.into(),
+                _ => Error::from(e),
             })?;
         if let Some(neg) = &self.ns.negative {
             neg.invalidate(&key);
@@ -68,45 +69,41 @@ impl<S: ObjectStore> S3Fs<S> {
             meta: Some(meta),
         });
         let now = Instant::now();
-        child.set_stat_asked(stat.clone(), self.ttl_from(now), now);
+        self.remember(&child, stat.clone(), now);
         debug!(key = %child.key(), "symlink made");
         Ok(self.entry(&child, &stat))
     }
 
     /// `readlink`: the object's body (one GET, pinned to the version last seen).
-    pub(super) fn do_readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+    pub(super) async fn do_readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind != Kind::Symlink {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
         let stat = match inode.last_stat() {
             Some(s) => s,
-            None => Stat::from(
-                &self
-                    .rt
-                    .block_on(self.s3.head(inode.key()))
-                    .map_err(|e| self.fail("readlink", &e))?,
-            ),
+            None => Stat::from(&self.s3.head(inode.key()).await?),
         };
         if stat.size as usize > MAX_TARGET {
             warn!(key = %inode.key(), size = stat.size, "a symbolic link's object is larger than a link target can be");
-            return Err(Errno::EIO);
+            return Err(Errno::EIO.into());
         }
         let mut buf = vec![0u8; stat.size as usize];
-        self.rt
-            .block_on(self.s3.get_range_into(inode.key(), &stat.etag, 0, &mut buf))
-            .map_err(|e| self.fail("readlink", &e.pinned_gone()))?;
+        self.s3
+            .get_range_into(inode.key(), &stat.etag, 0, &mut buf)
+            .await
+            .map_err(S3Error::pinned_gone)?;
         Ok(buf)
     }
 
     /// `link`: refused, an object has one name.
-    pub(super) fn do_link(&self, ino: u64) -> FsResult<FileAttr> {
+    pub(super) async fn do_link(&self, ino: u64) -> FsResult<FileAttr> {
         let key = self
             .inodes
             .get(ino)
             .map(|i| i.key().to_string())
             .unwrap_or_default();
         info!(key, "hard links are not supported (an S3 object has one name); use a symbolic link or a copy");
-        Err(Errno::EPERM)
+        Err(Errno::EPERM.into())
     }
 }

@@ -17,7 +17,7 @@ use fuser::{Errno, FileAttr, FopenFlags, OpenFlags};
 use tracing::{debug, warn};
 
 use super::inode::{Inode, Kind, Stat};
-use super::{errno, names, staged, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
+use super::{names, staged, Error, FsResult, OpenFile, S3Fs, OPEN_REVALIDATE_WINDOW};
 use crate::upload::{Upload, WriteError};
 use s3rdma_client::{Condition, FileMeta, ObjectInfo, ObjectStore, S3ErrorKind};
 
@@ -136,24 +136,24 @@ impl<S: ObjectStore> S3Fs<S> {
         meta: FileMeta,
     ) -> FsResult<(u64, Arc<Writing>)> {
         if self.writes.uploader.is_none() {
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         }
         if self.writes.closing.load(Ordering::SeqCst) {
             warn!(key = %inode.key(), "the mount is shutting down: no new files can be written");
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         }
         let writing = {
             let mut w = self.lock_writing();
             if w.contains_key(&inode.ino) {
                 warn!(key = %inode.key(), "file is already being written in this mount; close the other writer first");
-                return Err(Errno::EBUSY);
+                return Err(Errno::EBUSY.into());
             }
             let state = Arc::new(Writing::new(meta.clone()));
             w.insert(inode.ino, state.clone());
             state
         };
         let Some(uploader) = &self.writes.uploader else {
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         };
         let upload = uploader.start(inode.key(), cond, meta);
         let fh = self.handles.next_fh();
@@ -167,7 +167,7 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok((fh, writing))
     }
 
-    pub(super) fn do_create(
+    pub(super) async fn do_create(
         &self,
         parent: u64,
         name: &std::ffi::OsStr,
@@ -179,13 +179,13 @@ impl<S: ObjectStore> S3Fs<S> {
         let (pid, uid, gid) = req;
         let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         let name = name.to_str().ok_or_else(|| {
             warn!(parent = %p.key(), "a file name must be UTF-8 to be an S3 key");
             Errno::EINVAL
         })?;
-        names::check_name(name).map_err(|b| errno(b.errno()))?;
+        names::check_name(name)?;
         let key = names::child_key(p.key(), name);
         self.deletes.wait_name(p.key(), name);
         let inode = self.inodes.upsert_child(parent, name, Kind::File, key);
@@ -219,7 +219,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// `open` with write access of an existing file.
-    pub(super) fn open_for_write(
+    pub(super) async fn open_for_write(
         &self,
         inode: &Arc<Inode>,
         flags: OpenFlags,
@@ -227,19 +227,15 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<(u64, FopenFlags)> {
         let _ns = self.ns_change();
         if self.cfg.read_only {
-            return Err(Errno::EROFS);
+            return Err(Errno::EROFS.into());
         }
         let now = Instant::now();
         let current = match inode.recently_asked(now, OPEN_REVALIDATE_WINDOW) {
             Some(stat) => Some(stat),
-            None => match self.rt.block_on(self.s3.head(inode.key())) {
-                Ok(info) => {
-                    let stat = Stat::from(&info);
-                    inode.set_stat_asked(stat.clone(), self.ttl_from(now), now);
-                    Some(stat)
-                }
+            None => match self.head_stat(inode).await {
+                Ok(stat) => Some(stat),
                 Err(e) if e.kind == S3ErrorKind::NotFound => None,
-                Err(e) => return Err(self.fail("open", &e)),
+                Err(e) => return Err(e.into()),
             },
         };
         let truncate = flags.0 & libc::O_TRUNC != 0;
@@ -255,7 +251,7 @@ impl<S: ObjectStore> S3Fs<S> {
         {
             if self.writing(inode.ino).is_some() {
                 warn!(key = %inode.key(), "file is already being written in this mount; close the other writer first");
-                return Err(Errno::EBUSY);
+                return Err(Errno::EBUSY.into());
             }
             return self.open_staged_existing(inode, current, flags, meta);
         }
@@ -264,7 +260,7 @@ impl<S: ObjectStore> S3Fs<S> {
             None => Condition::IfNoneMatch,
             Some(stat) if !truncate && stat.size > 0 => {
                 warn!(key = %inode.key(), size = stat.size, "an existing object cannot be modified or appended to in place; open it with O_TRUNC to replace it");
-                return Err(Errno::EPERM);
+                return Err(Errno::EPERM.into());
             }
             Some(stat) if stat.etag.is_empty() => Condition::None,
             Some(stat) => Condition::IfMatch(stat.etag),
@@ -274,7 +270,7 @@ impl<S: ObjectStore> S3Fs<S> {
         Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
     }
 
-    pub(super) fn do_write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    pub(super) async fn do_write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let file = self.lock_files().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let (ino, w) = match &*file {
             OpenFile::Write(ino, w) => (*ino, w),
@@ -283,10 +279,10 @@ impl<S: ObjectStore> S3Fs<S> {
                 writes: true,
                 ..
             } => return self.write_staged(s, offset, data),
-            _ => return Err(Errno::EBADF),
+            _ => return Err(Errno::EBADF.into()),
         };
-        let mut up = self.rt.block_on(w.upload.lock());
-        match self.rt.block_on(up.write(offset, data)) {
+        let mut up = w.upload.lock().await;
+        match up.write(offset, data).await {
             Ok(()) => {
                 w.writing.touch(up.size());
                 Ok(data.len() as u32)
@@ -307,9 +303,9 @@ impl<S: ObjectStore> S3Fs<S> {
             Err(e) => {
                 if up.is_open() {
                     warn!(key = %up.key(), offset, "{e}");
-                    self.rt.block_on(up.cancel(e.clone()));
+                    up.cancel(e.clone()).await;
                 }
-                Err(errno(e.errno()))
+                Err(Error::reported(&e))
             }
         }
     }
@@ -356,7 +352,7 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<Arc<staged::Staged<S>>> {
         let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
         let Some((bytes, cond, meta, key)) = up.take_unsent() else {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         };
         {
             let mut map = self.lock_writing();
@@ -376,7 +372,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     /// `close` (flush): the opener's close commits the file; others' closes do nothing.
-    pub(super) fn do_flush(&self, fh: u64, pid: u32) -> FsResult<()> {
+    pub(super) async fn do_flush(&self, fh: u64, pid: u32) -> FsResult<()> {
         let Some(file) = self.lock_files().get(&fh).cloned() else {
             return Ok(());
         };
@@ -387,7 +383,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 ino,
                 file: s,
                 writes: true,
-            } => return self.commit_staged(*ino, s),
+            } => return self.commit_staged(*ino, s).await,
             _ => return Ok(()),
         };
         if w.opener.is_some() && w.opener != tgid_of(pid) {
@@ -404,35 +400,35 @@ impl<S: ObjectStore> S3Fs<S> {
             debug!(fh, "close before any write: committing at release");
             return Ok(());
         }
-        self.commit(*ino, w)
+        self.commit(*ino, w).await
     }
 
-    pub(super) fn do_fsync(&self, fh: u64) -> FsResult<()> {
+    pub(super) async fn do_fsync(&self, fh: u64) -> FsResult<()> {
         let Some(file) = self.lock_files().get(&fh).cloned() else {
             return Ok(());
         };
         match &*file {
             // Unlinked while open: nothing to make durable (the close stores nothing either).
-            OpenFile::Write(_, w) if self.rt.block_on(w.upload.lock()).is_discarded() => Ok(()),
-            OpenFile::Write(ino, w) => self.commit(*ino, w),
-            OpenFile::Staged { ino, file: s, .. } => self.commit_staged(*ino, s),
-            OpenFile::Read(ino, _) | OpenFile::Disk(ino, _) => self.store_attrs(*ino),
+            OpenFile::Write(_, w) if w.upload.lock().await.is_discarded() => Ok(()),
+            OpenFile::Write(ino, w) => self.commit(*ino, w).await,
+            OpenFile::Staged { ino, file: s, .. } => self.commit_staged(*ino, s).await,
+            OpenFile::Read(ino, _) | OpenFile::Disk(ino, _) => self.store_attrs(*ino).await,
         }
     }
 
     /// The last release of a handle: commit if no close did (errors can only be logged now).
-    pub(super) fn release_write(&self, ino: u64, w: &WriteFile<S>) {
-        if let Err(e) = self.commit(ino, w) {
+    pub(super) async fn release_write(&self, ino: u64, w: &WriteFile<S>) {
+        if let Err(e) = self.commit(ino, w).await {
             warn!(ino, errno = ?e, "file committed at release failed; no process was left to report it to");
         }
     }
 
     /// Store the file (once; later calls return the same outcome).
-    fn commit(&self, ino: u64, w: &WriteFile<S>) -> FsResult<()> {
+    async fn commit(&self, ino: u64, w: &WriteFile<S>) -> FsResult<()> {
         let _ns = self.ns_change();
-        let mut up = self.rt.block_on(w.upload.lock());
+        let mut up = w.upload.lock().await;
         let was_open = up.is_open();
-        let result = self.rt.block_on(up.commit());
+        let result = up.commit().await;
         {
             // Stored or failed, the file is no longer being written.
             let mut map = self.lock_writing();
@@ -444,7 +440,7 @@ impl<S: ObjectStore> S3Fs<S> {
             match &result {
                 Ok(info) if was_open => {
                     let now = Instant::now();
-                    inode.set_stat_asked(Stat::from(info), self.ttl_from(now), now);
+                    self.remember(&inode, Stat::from(info), now);
                     inode.forget_opened();
                 }
                 Ok(_) => {}
@@ -455,13 +451,13 @@ impl<S: ObjectStore> S3Fs<S> {
             Ok(_) => Ok(()),
             // Unlinked while open: storing nothing was the point.
             Err(WriteError::Unlinked) => Ok(()),
-            Err(e) => Err(errno(e.errno())),
+            Err(e) => Err(Error::reported(&e)),
         }
     }
 
     /// Apply `f` to the upload of the file being written as `ino`, if a handle of this mount
     /// still has it open (not yet committing); false otherwise.
-    fn apply_to_open_upload(&self, ino: u64, f: &mut dyn FnMut(&mut Upload<S>)) -> bool {
+    async fn apply_to_open_upload(&self, ino: u64, f: &mut dyn FnMut(&mut Upload<S>)) -> bool {
         let file = self
             .lock_files()
             .values()
@@ -471,7 +467,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let OpenFile::Write(_, w) = &*file else {
             return false;
         };
-        let mut up = self.rt.block_on(w.upload.lock());
+        let mut up = w.upload.lock().await;
         if !up.is_open() {
             return false;
         }
@@ -482,19 +478,19 @@ impl<S: ObjectStore> S3Fs<S> {
     /// For an operation on a file that may be being written: apply `f` to its open upload
     /// (Ok(true)), or, once it is stored (its last close or release may be committing it right
     /// now: wait for that), Ok(false) — the caller then acts on the stored object.
-    pub(super) fn while_writing(
+    pub(super) async fn while_writing(
         &self,
         ino: u64,
         f: &mut dyn FnMut(&mut Upload<S>),
     ) -> FsResult<bool> {
         let deadline = Instant::now() + COMMIT_WAIT;
         while self.writing(ino).is_some() {
-            if self.apply_to_open_upload(ino, f) {
+            if self.apply_to_open_upload(ino, f).await {
                 return Ok(true);
             }
             if Instant::now() > deadline {
                 warn!(ino, "waited too long for the file to be stored");
-                return Err(Errno::EBUSY);
+                return Err(Errno::EBUSY.into());
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -504,9 +500,9 @@ impl<S: ObjectStore> S3Fs<S> {
     /// `truncate`/`ftruncate` of a file being written: to its current size (e.g. 0 right
     /// after `open`) nothing changes; to another, a file that has sent nothing yet goes on
     /// staged; one that has sent parts cannot be changed so.
-    pub(super) fn truncate_writing(&self, ino: u64, size: u64) -> FsResult<()> {
+    pub(super) async fn truncate_writing(&self, ino: u64, size: u64) -> FsResult<()> {
         let Some(w) = self.writing(ino) else {
-            return Err(Errno::EOPNOTSUPP);
+            return Err(Errno::EOPNOTSUPP.into());
         };
         let now = w.stat().size;
         if size == now {
@@ -520,7 +516,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 .map(|(fh, f)| (*fh, f.clone()));
             if let Some((fh, file)) = handle {
                 if let OpenFile::Write(_, wf) = &*file {
-                    let mut up = self.rt.block_on(wf.upload.lock());
+                    let mut up = wf.upload.lock().await;
                     if up.is_open() {
                         if let Ok(s) = self.turn_to_staged(fh, ino, wf, &mut up) {
                             drop(up);
@@ -536,6 +532,6 @@ impl<S: ObjectStore> S3Fs<S> {
             written = now,
             "a file being written can only be truncated to its current size"
         );
-        Err(Errno::EOPNOTSUPP)
+        Err(Errno::EOPNOTSUPP.into())
     }
 }

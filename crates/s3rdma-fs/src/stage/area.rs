@@ -15,6 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::{error, info, warn};
 
+use crate::setup::SetupError;
+
 /// Counters of staged files, readable by the user (`s3rdma stats`).
 #[derive(Debug, Default)]
 pub struct StageStats {
@@ -55,16 +57,16 @@ pub struct Label<'a> {
 impl StagingArea {
     /// Use `dir` (created if missing) for at most `limit` bytes. Staged files left there by an
     /// earlier mount are moved to `conflicts/` and reported, never uploaded.
-    pub fn open(dir: &Path, limit: u64) -> Result<StagingArea, String> {
+    pub fn open(dir: &Path, limit: u64) -> Result<StagingArea, SetupError> {
         for sub in ["files", "conflicts"] {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| {
-                format!(
-                    "cannot create the staging directory {}: {e}; give a writable --staging-dir",
-                    dir.join(sub).display()
-                )
+            let path = dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(|source| SetupError::Dir {
+                flag: "staging-dir",
+                path,
+                source,
             })?;
         }
-        let lock = crate::dirlock::lock(dir, "staging", dir)?;
+        let lock = crate::dirlock::lock(dir, "staging-dir", dir)?;
         let area = StagingArea {
             dir: dir.to_path_buf(),
             limit,

@@ -24,6 +24,7 @@ use tracing::{debug, error, warn};
 use super::area::{Label, StagingArea};
 use super::plan::{self, Part};
 use super::ranges::RangeSet;
+use crate::errno::ToErrno;
 use crate::upload::Uploader;
 use s3rdma_client::{
     Condition, FileMeta, ObjectInfo, ObjectStore, PutSource, S3Error, S3ErrorKind,
@@ -48,14 +49,14 @@ pub enum StageError {
     TooLarge,
 }
 
-impl StageError {
-    pub fn errno(&self) -> i32 {
+impl crate::errno::ToErrno for StageError {
+    fn to_errno(&self) -> i32 {
         match self {
             StageError::Full => libc::ENOSPC,
             StageError::Io(_) => libc::EIO,
             StageError::Conflict { exists: true } => libc::EEXIST,
             StageError::Conflict { exists: false } => libc::ESTALE,
-            StageError::S3(e) => e.errno(),
+            StageError::S3(e) => e.to_errno(),
             StageError::TooLarge => libc::EFBIG,
         }
     }
@@ -204,7 +205,10 @@ impl<S: ObjectStore> StagedFile<S> {
     }
 
     /// Up to `len` bytes at `offset`.
-    pub fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, StageError> {
+    // The file's state is held while its base is fetched: one operation at a time per file.
+    // The future is never spawned; it runs on the FUSE thread that serves the read.
+    #[allow(clippy::await_holding_lock)]
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, StageError> {
         let mut i = self.lock();
         i.live()?;
         let end = i.size.min(offset.saturating_add(len as u64));
@@ -218,7 +222,7 @@ impl<S: ObjectStore> StagedFile<S> {
             let a = m.start / FETCH_ALIGN * FETCH_ALIGN;
             let b = (m.end.div_ceil(FETCH_ALIGN) * FETCH_ALIGN).min(i.base_limit);
             let mut buf = vec![0u8; (b - a) as usize];
-            self.fetch(&i, a, &mut buf)?;
+            self.fetch(&i, a, &mut buf).await?;
             for gap in i.present.missing(a..b) {
                 let bytes = &buf[(gap.start - a) as usize..(gap.end - a) as usize];
                 let n = gap.end - gap.start;
@@ -240,15 +244,15 @@ impl<S: ObjectStore> StagedFile<S> {
         Ok(out)
     }
 
-    fn fetch(&self, i: &Inner, offset: u64, buf: &mut [u8]) -> Result<(), StageError> {
+    async fn fetch(&self, i: &Inner, offset: u64, buf: &mut [u8]) -> Result<(), StageError> {
         let Some(base) = &i.base else {
             return Ok(());
         };
-        let r = self.up.rt.block_on(
-            self.up
-                .s3
-                .get_range_into(&base.key, &base.etag, offset, buf),
-        );
+        let r = self
+            .up
+            .s3
+            .get_range_into(&base.key, &base.etag, offset, buf)
+            .await;
         match r {
             Ok(()) => {
                 self.area
@@ -386,7 +390,9 @@ impl<S: ObjectStore> StagedFile<S> {
 
     /// Store the file's current bytes and attributes as a new version (if anything changed).
     /// Returns what was stored.
-    pub fn commit(&self) -> Result<Option<ObjectInfo>, StageError> {
+    // Held while the file is stored, as `read` holds it.
+    #[allow(clippy::await_holding_lock)]
+    pub async fn commit(&self) -> Result<Option<ObjectInfo>, StageError> {
         let mut i = self.lock();
         match i.life {
             Life::Live => {}
@@ -401,7 +407,7 @@ impl<S: ObjectStore> StagedFile<S> {
             plan::unit_for(i.size, block, self.up.max_blocks as u64).ok_or(StageError::TooLarge)?;
         let limit = if i.base.is_some() { i.base_limit } else { 0 };
         let parts = plan::compose(i.size, limit, &i.dirty, unit);
-        let result = self.up.rt.block_on(self.store(&i, &parts, unit));
+        let result = self.store(&i, &parts, unit).await;
         match result {
             Ok(info) => {
                 let sent: u64 = parts
@@ -445,7 +451,7 @@ impl<S: ObjectStore> StagedFile<S> {
                 let path = self.area.keep(i.id, charged, &label, why);
                 self.area.stats.conflicts.fetch_add(1, Ordering::Relaxed);
                 let err = StageError::Conflict { exists };
-                i.life = Life::Failed(err.errno());
+                i.life = Life::Failed(err.to_errno());
                 error!(key = %i.key, path = %path.display(), "{why}: NOT stored, so as not to overwrite it; the bytes written here were kept at this path");
                 Err(err)
             }

@@ -212,8 +212,8 @@ pub enum WriteError {
     Unlinked,
 }
 
-impl WriteError {
-    pub fn errno(&self) -> i32 {
+impl crate::errno::ToErrno for WriteError {
+    fn to_errno(&self) -> i32 {
         match self {
             WriteError::S3(e) => match e.kind {
                 S3ErrorKind::AccessDenied

@@ -18,6 +18,7 @@ use cuobj_ffi::{RegisteredBuffer, Registration};
 use tokio::sync::Notify;
 
 use crate::cache::arena::Arena;
+use crate::setup::SetupError;
 use s3rdma_client::PutSource;
 
 /// Counters, readable by the user.
@@ -65,13 +66,15 @@ impl PoolState {
 impl WritePool {
     /// `blocks` blocks of `block_size` bytes; `register`: register the arena (and overflow
     /// chunks) for RDMA.
-    pub fn new(block_size: usize, blocks: usize, register: bool) -> Result<WritePool, String> {
+    pub fn new(block_size: usize, blocks: usize, register: bool) -> Result<WritePool, SetupError> {
+        let size = SetupError::Size {
+            what: "write buffers (--write-buffer-size)",
+            fix: "give at least one --write-part-size",
+        };
         if block_size == 0 || blocks == 0 {
-            return Err("write buffers: the pool needs at least one block".into());
+            return Err(size);
         }
-        block_size
-            .checked_mul(blocks)
-            .ok_or_else(|| "write buffers: size overflows".to_string())?;
+        block_size.checked_mul(blocks).ok_or(size)?;
         Ok(WritePool {
             block_size,
             blocks,
@@ -111,7 +114,7 @@ impl WritePool {
             usize::MAX,
             self.block_size,
         )
-        .map_err(|e| format!("write buffers: {e}"))?;
+        .map_err(|e| e.named("write buffers (--write-buffer-size)").to_string())?;
         tracing::info!(
             bytes = a.len(),
             pinned = a.pinned(),

@@ -124,7 +124,7 @@ impl Fx {
     pub fn remount(self) -> Fx {
         let (store, cfg) = (self.store.clone(), self.cfg.clone());
         // What the FUSE session's end (`destroy`) does first.
-        self.fs.store_pending_attrs();
+        self.fs.run(self.fs.store_pending_attrs());
         self.fs.finish_renames();
         drop(self);
         Fx::over(store, cfg)
@@ -145,12 +145,14 @@ impl Fx {
 
     /// The inode of `path` ("" is the root), looked up one name at a time as the kernel does.
     pub fn resolve(&self, path: &str) -> Result<FileAttr, Errno> {
-        let mut attr = self.fs.do_getattr(ROOT_INO)?;
+        let mut attr = self.fs.serve("getattr", self.fs.do_getattr(ROOT_INO))?;
         for name in path.split('/').filter(|s| !s.is_empty()) {
             if attr.kind != FileType::Directory {
                 return Err(Errno::ENOTDIR);
             }
-            attr = self.fs.do_lookup(attr.ino.0, OsStr::new(name))?;
+            attr = self
+                .fs
+                .serve("lookup", self.fs.do_lookup(attr.ino.0, OsStr::new(name)))?;
             self.told(&attr, "lookup");
         }
         Ok(attr)
@@ -189,7 +191,7 @@ impl Fx {
 
     pub fn stat(&self, path: &str) -> Result<FileAttr, Errno> {
         let a = self.resolve(path)?;
-        let a = self.fs.do_getattr(a.ino.0)?;
+        let a = self.fs.serve("getattr", self.fs.do_getattr(a.ino.0))?;
         self.told(&a, "getattr");
         Ok(a)
     }
@@ -201,17 +203,21 @@ impl Fx {
     /// Open for reading; the handle.
     pub fn open_read(&self, path: &str) -> Result<u64, Errno> {
         let a = self.resolve(path)?;
-        match self
+        let opened = self
             .fs
-            .do_open(a.ino.0, OpenFlags(libc::O_RDONLY), Self::pid(), None)?
-        {
+            .do_open(a.ino.0, OpenFlags(libc::O_RDONLY), Self::pid(), None);
+        match self.fs.serve("open", opened)? {
             super::Opened::Plain(fh, _) | super::Opened::Passthrough(fh, _, _) => Ok(fh),
         }
     }
 
     /// `len` bytes at `offset` of an open handle.
     pub fn pread(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
-        Ok(self.fs.do_read(fh, offset, len)?.as_slice().to_vec())
+        Ok(self
+            .fs
+            .serve("read", self.fs.do_read(fh, offset, len))?
+            .as_slice()
+            .to_vec())
     }
 
     /// The whole file, read as `cat` would (1 MiB reads until a short one).
@@ -225,7 +231,7 @@ impl Fx {
                 Err(e) => break Err(e),
             }
         };
-        self.fs.do_release(fh);
+        self.fs.run(self.fs.do_release(fh));
         result.map(|()| out)
     }
 
@@ -241,7 +247,10 @@ impl Fx {
         let fh = self.create_or_truncate(path)?;
         let mut result = Ok(());
         for (i, piece) in data.chunks(chunk.max(1)).enumerate() {
-            if let Err(e) = self.fs.do_write(fh, (i * chunk) as u64, piece) {
+            if let Err(e) = self
+                .fs
+                .serve("write", self.fs.do_write(fh, (i * chunk) as u64, piece))
+            {
                 result = Err(e);
                 break;
             }
@@ -256,8 +265,8 @@ impl Fx {
 
     /// `close`: flush by the opener, then the release.
     pub fn close(&self, fh: u64) -> Result<(), Errno> {
-        let flushed = self.fs.do_flush(fh, Self::pid());
-        self.fs.do_release(fh);
+        let flushed = self.fs.serve("flush", self.fs.do_flush(fh, Self::pid()));
+        self.fs.run(self.fs.do_release(fh));
         flushed
     }
 
@@ -285,11 +294,12 @@ impl Fx {
     /// and `..`).
     pub fn readdirplus(&self, path: &str) -> Result<Vec<(String, FileAttr, bool)>, Errno> {
         let a = self.resolve(path)?;
-        let fh = self.fs.do_opendir(a.ino.0)?;
+        let fh = self.fs.serve("opendir", self.fs.do_opendir(a.ino.0))?;
         let mut out: Vec<(String, FileAttr, bool)> = Vec::new();
         let mut offset = 0u64;
         let result = loop {
-            let page =
+            let page = self.fs.serve(
+                "readdir",
                 self.fs
                     .with_dir_entries(a.ino.0, fh, offset, super::kinds::TELL_AHEAD, |d| {
                         let mut page = Vec::new();
@@ -310,7 +320,8 @@ impl Fx {
                             }
                         }
                         page
-                    });
+                    }),
+            );
             match page {
                 Ok(p) if p.is_empty() => break Ok(()),
                 Ok(p) => {
@@ -327,48 +338,63 @@ impl Fx {
     /// `mkdir`: like the kernel, a name that looks up is EEXIST before the filesystem is asked.
     pub fn mkdir(&self, path: &str) -> Result<(), Errno> {
         let (parent, name) = self.parent_of(path)?;
-        if self.fs.do_lookup(parent, OsStr::new(name)).is_ok() {
+        if self
+            .fs
+            .serve("lookup", self.fs.do_lookup(parent, OsStr::new(name)))
+            .is_ok()
+        {
             return Err(Errno::EEXIST);
         }
-        let a = self.fs.do_mkdir(parent, OsStr::new(name), 0o755)?;
+        let a = self
+            .fs
+            .serve("mkdir", self.fs.do_mkdir(parent, OsStr::new(name), 0o755))?;
         self.told(&a, "mkdir");
         Ok(())
     }
 
     pub fn rmdir(&self, path: &str) -> Result<(), Errno> {
         let (parent, name) = self.parent_of(path)?;
-        self.fs.do_rmdir(parent, OsStr::new(name))
+        self.fs
+            .serve("rmdir", self.fs.do_rmdir(parent, OsStr::new(name)))
     }
 
     pub fn unlink(&self, path: &str) -> Result<(), Errno> {
         let (parent, name) = self.parent_of(path)?;
-        self.fs.do_unlink(parent, OsStr::new(name))
+        self.fs
+            .serve("unlink", self.fs.do_unlink(parent, OsStr::new(name)))
     }
 
     pub fn rename(&self, from: &str, to: &str) -> Result<(), Errno> {
         let (p1, n1) = self.parent_of(from)?;
         let (p2, n2) = self.parent_of(to)?;
-        self.fs
-            .do_rename(p1, OsStr::new(n1), p2, OsStr::new(n2), RenameFlags::empty())
+        self.fs.serve(
+            "rename",
+            self.fs
+                .do_rename(p1, OsStr::new(n1), p2, OsStr::new(n2), RenameFlags::empty()),
+        )
     }
 
     /// `open(path, flags)` of an existing file, or `create` with `flags` of a missing one.
     pub fn open_with(&self, path: &str, flags: i32) -> Result<u64, Errno> {
         match self.resolve(path) {
-            Ok(a) => match self
-                .fs
-                .do_open(a.ino.0, OpenFlags(flags), Self::pid(), None)?
-            {
+            Ok(a) => match self.fs.serve(
+                "open",
+                self.fs
+                    .do_open(a.ino.0, OpenFlags(flags), Self::pid(), None),
+            )? {
                 super::Opened::Plain(fh, _) | super::Opened::Passthrough(fh, _, _) => Ok(fh),
             },
             Err(e) if e == Errno::ENOENT => {
                 let (parent, name) = self.parent_of(path)?;
-                let (a, fh, _) = self.fs.do_create(
-                    parent,
-                    OsStr::new(name),
-                    (Self::pid(), 1000, 1000),
-                    0o644,
-                    OpenFlags(flags | libc::O_CREAT),
+                let (a, fh, _) = self.fs.serve(
+                    "create",
+                    self.fs.do_create(
+                        parent,
+                        OsStr::new(name),
+                        (Self::pid(), 1000, 1000),
+                        0o644,
+                        OpenFlags(flags | libc::O_CREAT),
+                    ),
                 )?;
                 self.told(&a, "create");
                 Ok(fh)
@@ -380,7 +406,10 @@ impl Fx {
     /// Open `path` read-write (created if missing), write `data` at `offset`, close.
     pub fn edit(&self, path: &str, offset: u64, data: &[u8]) -> Result<(), Errno> {
         let fh = self.open_with(path, libc::O_RDWR)?;
-        let written = self.fs.do_write(fh, offset, data).map(|_| ());
+        let written = self
+            .fs
+            .serve("write", self.fs.do_write(fh, offset, data))
+            .map(|_| ());
         let closed = self.close(fh);
         written.and(closed)
     }
@@ -390,21 +419,32 @@ impl Fx {
     pub fn append(&self, path: &str, data: &[u8]) -> Result<(), Errno> {
         let fh = self.open_with(path, libc::O_WRONLY | libc::O_APPEND)?;
         let size = self.stat(path).map(|a| a.size);
-        let written = size.and_then(|s| self.fs.do_write(fh, s, data).map(|_| ()));
+        let written = size.and_then(|s| {
+            self.fs
+                .serve("write", self.fs.do_write(fh, s, data))
+                .map(|_| ())
+        });
         let closed = self.close(fh);
         written.and(closed)
     }
 
     pub fn symlink(&self, path: &str, target: &str) -> Result<(), Errno> {
         let (parent, name) = self.parent_of(path)?;
-        if self.fs.do_lookup(parent, OsStr::new(name)).is_ok() {
+        if self
+            .fs
+            .serve("lookup", self.fs.do_lookup(parent, OsStr::new(name)))
+            .is_ok()
+        {
             return Err(Errno::EEXIST);
         }
-        let a = self.fs.do_symlink(
-            parent,
-            OsStr::new(name),
-            std::path::Path::new(target),
-            (1000, 1000),
+        let a = self.fs.serve(
+            "symlink",
+            self.fs.do_symlink(
+                parent,
+                OsStr::new(name),
+                std::path::Path::new(target),
+                (1000, 1000),
+            ),
         )?;
         self.told(&a, "symlink");
         Ok(())
@@ -412,12 +452,12 @@ impl Fx {
 
     pub fn readlink(&self, path: &str) -> Result<Vec<u8>, Errno> {
         let a = self.resolve(path)?;
-        self.fs.do_readlink(a.ino.0)
+        self.fs.serve("readlink", self.fs.do_readlink(a.ino.0))
     }
 
     pub fn setattr(&self, path: &str, set: SetAttr) -> Result<FileAttr, Errno> {
         let a = self.resolve(path)?;
-        self.fs.do_setattr(a.ino.0, set)
+        self.fs.serve("setattr", self.fs.do_setattr(a.ino.0, set))
     }
 
     /// Wait (at most 10 s) until no multipart upload is open in the bucket: aborts run in the

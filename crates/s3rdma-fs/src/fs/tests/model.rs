@@ -453,7 +453,9 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
             {
                 let got = match *step {
                     Step::Write { .. } => f.write(PATHS[path], b"x"),
-                    _ => f.open_read(PATHS[path]).map(|fh| f.fs.do_release(fh)),
+                    _ => f
+                        .open_read(PATHS[path])
+                        .map(|fh| f.fs.run(f.fs.do_release(fh))),
                 };
                 return check(got == Err(Errno::EBUSY), || {
                     format!("{step:?} on the file being written: {got:?}")
@@ -750,7 +752,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
         Step::CloseRead { slot } => {
             if !m.reads.is_empty() {
                 let h = m.reads.remove(slot % m.reads.len());
-                f.fs.do_release(h.fh);
+                f.fs.run(f.fs.do_release(h.fh));
             }
         }
         Step::OpenWrite { path } => {
@@ -777,7 +779,8 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
         Step::WriteMore { size, seed } => {
             if let Some(w) = m.writer.as_mut() {
                 let data = pattern(size.min(1 << 20), seed);
-                let got = f.fs.do_write(w.fh, w.data.len() as u64, &data);
+                let got =
+                    f.fs.serve("write", f.fs.do_write(w.fh, w.data.len() as u64, &data));
                 match w.committed {
                     None => {
                         check(got == Ok(data.len() as u32), || {
@@ -803,7 +806,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
         }
         Step::Fsync => {
             if let Some(w) = m.writing() {
-                let got = f.fs.do_fsync(w.fh);
+                let got = f.fs.serve("fsync", f.fs.do_fsync(w.fh));
                 let stored = commit_outcome(m, got, "fsync")?;
                 if let Some(w) = m.writer.as_mut() {
                     w.committed = Some(stored);
@@ -824,7 +827,7 @@ fn apply(fx: &mut Option<Fx>, m: &mut Model, step: &Step) -> Result<(), TestCase
         Step::Remount => {
             close_writer(f, m)?;
             for h in m.reads.drain(..) {
-                f.fs.do_release(h.fh);
+                f.fs.run(f.fs.do_release(h.fh));
             }
             let old = fx.take().expect("a mount");
             *fx = Some(old.remount());

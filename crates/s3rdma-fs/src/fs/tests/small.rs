@@ -150,7 +150,10 @@ fn a_stat_never_fetches_a_large_object_and_a_get_answers_as_a_head_does() {
     assert_eq!(counts(&fx).1 - after.1, 1);
     std::thread::sleep(Duration::from_millis(350));
     let heads = counts(&fx).0;
-    let by_head = fx.fs.do_getattr(by_get.ino.0).unwrap();
+    let by_head = fx
+        .fs
+        .serve("getattr", fx.fs.do_getattr(by_get.ino.0))
+        .unwrap();
     assert_eq!(counts(&fx).0 - heads, 1);
     let key = |a: &fuser::FileAttr| (a.perm, a.uid, a.gid, a.mtime, a.kind);
     assert_eq!(key(&by_get), key(&by_head));

@@ -130,7 +130,13 @@ fn a_directory_rename_moves_every_key_and_keeps_inode_numbers() {
     assert_eq!(fx.stat("tmp-ckpt").unwrap_err(), Errno::ENOENT);
     assert_eq!(fx.stat("ckpt-100").unwrap().ino, dir_ino);
     // The kernel's inode of a file inside still names it, under the new name.
-    assert_eq!(fx.fs.do_getattr(held.0).unwrap().ino, held);
+    assert_eq!(
+        fx.fs
+            .serve("getattr", fx.fs.do_getattr(held.0))
+            .unwrap()
+            .ino,
+        held
+    );
     assert_eq!(fx.read("ckpt-100/sub/f3").unwrap(), b"file 3");
     let fx = fx.remount();
     assert_eq!(fx.ls("ckpt-100").unwrap(), ["empty", "link", "sub"]);
@@ -150,12 +156,15 @@ fn a_directory_rename_moves_every_key_and_keeps_inode_numbers() {
     fx.write("file", b"x").unwrap();
     assert_eq!(fx.rename("ckpt-100", "file").unwrap_err(), Errno::ENOTDIR);
     let (p, _) = fx.parent_of("ckpt-100").unwrap();
-    let noreplace = fx.fs.do_rename(
-        p,
-        OsStr::new("ckpt-100"),
-        p,
-        OsStr::new("target"),
-        RenameFlags::RENAME_NOREPLACE,
+    let noreplace = fx.fs.serve(
+        "rename",
+        fx.fs.do_rename(
+            p,
+            OsStr::new("ckpt-100"),
+            p,
+            OsStr::new("target"),
+            RenameFlags::RENAME_NOREPLACE,
+        ),
     );
     assert_eq!(noreplace.unwrap_err(), Errno::EEXIST);
 }
@@ -254,7 +263,7 @@ fn directory_renames_in_memory_busy_and_above_the_bound() {
 
 fn xattrs(fx: &Fx, path: &str) -> Vec<String> {
     let ino = fx.stat(path).unwrap().ino.0;
-    let raw = fx.fs.do_listxattr(ino).unwrap();
+    let raw = fx.fs.serve("listxattr", fx.fs.do_listxattr(ino)).unwrap();
     raw.split(|&b| b == 0)
         .filter(|n| !n.is_empty())
         .map(|n| String::from_utf8_lossy(n).into_owned())
@@ -267,51 +276,86 @@ fn user_xattrs_are_stored_with_the_object_as_s3fs_stores_them() {
     let fx = Fx::with_config(defaults());
     fx.write("f", b"data").unwrap();
     let ino = fx.stat("f").unwrap().ino.0;
-    fx.fs.do_setxattr(ino, "user.origin", b"run-7", 0).unwrap();
-    fx.fs.do_setxattr(ino, "user.empty", b"", 0).unwrap();
-    assert_eq!(fx.fs.do_getxattr(ino, "user.origin").unwrap(), b"run-7");
+    fx.fs
+        .serve(
+            "setxattr",
+            fx.fs.do_setxattr(ino, "user.origin", b"run-7", 0),
+        )
+        .unwrap();
+    fx.fs
+        .serve("setxattr", fx.fs.do_setxattr(ino, "user.empty", b"", 0))
+        .unwrap();
+    assert_eq!(
+        fx.fs
+            .serve("getxattr", fx.fs.do_getxattr(ino, "user.origin"))
+            .unwrap(),
+        b"run-7"
+    );
     assert_eq!(xattrs(&fx, "f"), ["user.empty", "user.origin"]);
     assert_eq!(
-        fx.fs.do_setxattr(ino, "user.origin", b"x", 1).unwrap_err(),
+        fx.fs
+            .serve("setxattr", fx.fs.do_setxattr(ino, "user.origin", b"x", 1))
+            .unwrap_err(),
         Errno::EEXIST
     );
     assert_eq!(
-        fx.fs.do_setxattr(ino, "user.none", b"x", 2).unwrap_err(),
+        fx.fs
+            .serve("setxattr", fx.fs.do_setxattr(ino, "user.none", b"x", 2))
+            .unwrap_err(),
         Errno::ENODATA
     );
     for ns in ["security.x", "trusted.x", "system.x"] {
         assert_eq!(
-            fx.fs.do_setxattr(ino, ns, b"x", 0).unwrap_err(),
+            fx.fs
+                .serve("setxattr", fx.fs.do_setxattr(ino, ns, b"x", 0))
+                .unwrap_err(),
             Errno::EOPNOTSUPP
         );
     }
     assert_eq!(
         fx.fs
-            .do_setxattr(ino, "user.s3rdma.cached", b"1", 0)
+            .serve(
+                "setxattr",
+                fx.fs.do_setxattr(ino, "user.s3rdma.cached", b"1", 0)
+            )
             .unwrap_err(),
         Errno::EPERM
     );
     // Too much for S3's 2 KiB of user metadata.
     let big = vec![b'v'; 1500];
     assert_eq!(
-        fx.fs.do_setxattr(ino, "user.big", &big, 0).unwrap_err(),
+        fx.fs
+            .serve("setxattr", fx.fs.do_setxattr(ino, "user.big", &big, 0))
+            .unwrap_err(),
         Errno::ENOSPC
     );
     assert_eq!(
         fx.fs
-            .do_setxattr(ino, "user.huge", &vec![0u8; 4096], 0)
+            .serve(
+                "setxattr",
+                fx.fs.do_setxattr(ino, "user.huge", &vec![0u8; 4096], 0)
+            )
             .unwrap_err(),
         Errno::E2BIG
     );
-    fx.fs.do_removexattr(ino, "user.empty").unwrap();
+    fx.fs
+        .serve("removexattr", fx.fs.do_removexattr(ino, "user.empty"))
+        .unwrap();
     assert_eq!(
-        fx.fs.do_removexattr(ino, "user.empty").unwrap_err(),
+        fx.fs
+            .serve("removexattr", fx.fs.do_removexattr(ino, "user.empty"))
+            .unwrap_err(),
         Errno::ENODATA
     );
     let fx = fx.remount();
     assert_eq!(xattrs(&fx, "f"), ["user.origin"]);
     let ino = fx.stat("f").unwrap().ino.0;
-    assert_eq!(fx.fs.do_getxattr(ino, "user.origin").unwrap(), b"run-7");
+    assert_eq!(
+        fx.fs
+            .serve("getxattr", fx.fs.do_getxattr(ino, "user.origin"))
+            .unwrap(),
+        b"run-7"
+    );
     // The header is s3fs's.
     let meta = fx.mem().info("f").unwrap().meta.unwrap();
     assert_eq!(
@@ -322,12 +366,19 @@ fn user_xattrs_are_stored_with_the_object_as_s3fs_stores_them() {
     let copies = fx.mem().requests(Op::Copy);
     let fh = fx.create_or_truncate("g").unwrap();
     let gino = fx.stat("g").unwrap().ino.0;
-    fx.fs.do_setxattr(gino, "user.k", b"v", 0).unwrap();
+    fx.fs
+        .serve("setxattr", fx.fs.do_setxattr(gino, "user.k", b"v", 0))
+        .unwrap();
     fx.close(fh).unwrap();
     assert_eq!(fx.mem().requests(Op::Copy), copies);
     let fx = fx.remount();
     let gino = fx.stat("g").unwrap().ino.0;
-    assert_eq!(fx.fs.do_getxattr(gino, "user.k").unwrap(), b"v");
+    assert_eq!(
+        fx.fs
+            .serve("getxattr", fx.fs.do_getxattr(gino, "user.k"))
+            .unwrap(),
+        b"v"
+    );
     // Renames carry them.
     fx.rename("f", "f2").unwrap();
     let fx = fx.remount();
@@ -335,9 +386,15 @@ fn user_xattrs_are_stored_with_the_object_as_s3fs_stores_them() {
     // Directories have none and take none.
     fx.mkdir("d").unwrap();
     let d = fx.stat("d").unwrap().ino.0;
-    assert!(fx.fs.do_listxattr(d).unwrap().is_empty());
+    assert!(fx
+        .fs
+        .serve("listxattr", fx.fs.do_listxattr(d))
+        .unwrap()
+        .is_empty());
     assert_eq!(
-        fx.fs.do_setxattr(d, "user.a", b"1", 0).unwrap_err(),
+        fx.fs
+            .serve("setxattr", fx.fs.do_setxattr(d, "user.a", b"1", 0))
+            .unwrap_err(),
         Errno::EOPNOTSUPP
     );
 }
@@ -366,10 +423,12 @@ fn types_are_asked_for_just_ahead_of_the_reader() {
         fx.mem().put_external(&format!("d/f{i:03}"), b"tiny");
     }
     let d = fx.resolve("d").unwrap().ino.0;
-    let fh = fx.fs.do_opendir(d).unwrap();
+    let fh = fx.fs.serve("opendir", fx.fs.do_opendir(d)).unwrap();
     let ahead = crate::fs::kinds::TELL_AHEAD;
     // The first page: the entries up to TELL_AHEAD are asked about, no more.
-    let first = fx.fs.with_dir_entries(d, fh, 0, ahead, |_| ()).map(|_| ());
+    let first = fx
+        .fs
+        .serve("readdir", fx.fs.with_dir_entries(d, fh, 0, ahead, |_| ()));
     assert_eq!(first, Ok(()));
     assert_eq!(fx.mem().requests(Op::Head), ahead as u64 - 2);
     // Reading on asks about the rest as the reader gets there.
@@ -396,7 +455,9 @@ fn a_large_file_in_a_renamed_directory_is_a_multipart_copy_keeping_its_attribute
     )
     .unwrap();
     let ino = fx.stat("d/big").unwrap().ino.0;
-    fx.fs.do_setxattr(ino, "user.k", b"v", 0).unwrap();
+    fx.fs
+        .serve("setxattr", fx.fs.do_setxattr(ino, "user.k", b"v", 0))
+        .unwrap();
     let multipart = fx.mem().requests(Op::CreateMultipart);
     fx.rename("d", "e").unwrap();
     // The pending mode and xattr are written back first (one copy), then the rename's copy.
@@ -405,7 +466,12 @@ fn a_large_file_in_a_renamed_directory_is_a_multipart_copy_keeping_its_attribute
     assert_eq!(fx.read("e/big").unwrap(), super::pattern(2 << 20, 3));
     assert_eq!(fx.stat("e/big").unwrap().perm, 0o600);
     let ino = fx.stat("e/big").unwrap().ino.0;
-    assert_eq!(fx.fs.do_getxattr(ino, "user.k").unwrap(), b"v");
+    assert_eq!(
+        fx.fs
+            .serve("getxattr", fx.fs.do_getxattr(ino, "user.k"))
+            .unwrap(),
+        b"v"
+    );
 }
 
 // [S-NS-TYPE]
@@ -417,12 +483,14 @@ fn a_page_of_deleted_objects_does_not_end_the_listing() {
         fx.mem().put_external(&format!("d/f{i:03}"), b"tiny");
     }
     let d = fx.resolve("d").unwrap().ino.0;
-    let fh = fx.fs.do_opendir(d).unwrap();
-    fx.fs.with_dir_entries(d, fh, 0, 0, |_| ()).unwrap();
+    let fh = fx.fs.serve("opendir", fx.fs.do_opendir(d)).unwrap();
+    fx.fs
+        .serve("readdir", fx.fs.with_dir_entries(d, fh, 0, 0, |_| ()))
+        .unwrap();
     for i in 0..256 {
         fx.mem().delete_external(&format!("d/f{i:03}"));
     }
-    let names = fx
+    let listed = fx
         .fs
         .with_dir_entries(d, fh, 2, crate::fs::kinds::TELL_AHEAD, |out| {
             out.entries
@@ -431,8 +499,8 @@ fn a_page_of_deleted_objects_does_not_end_the_listing() {
                 .take_while(|e| !matches!(e.told, crate::fs::Told::Unknown))
                 .filter(|e| matches!(e.told, crate::fs::Told::Ready(..)))
                 .count()
-        })
-        .unwrap();
+        });
+    let names = fx.fs.serve("readdir", listed).unwrap();
     fx.fs.do_releasedir(fh);
     assert!(
         names > 0,

@@ -78,7 +78,7 @@ fn an_open_file_reads_the_version_it_opened_or_fails_with_estale() {
         Ok(bytes) => assert_eq!(bytes, old[11 << 20..(11 << 20) + 4096]),
         Err(e) => assert_eq!(e, Errno::ESTALE),
     }
-    fx.fs.do_release(fh);
+    fx.fs.run(fx.fs.do_release(fh));
     // The next open reads the new version.
     assert_eq!(fx.read("f").unwrap(), pattern(12 << 20, 2));
 }
@@ -94,7 +94,7 @@ fn a_deleted_object_cannot_be_opened_and_an_open_handle_never_reads_another() {
     fx.mem().delete_external("gone");
     let e = fx.pread(fh, 6 << 20, 10).unwrap_err();
     assert!(e == Errno::ESTALE || e == Errno::ENOENT, "{e:?}");
-    fx.fs.do_release(fh);
+    fx.fs.run(fx.fs.do_release(fh));
     assert_eq!(fx.open_read("gone").unwrap_err(), Errno::ENOENT);
 }
 
@@ -105,9 +105,11 @@ fn open_asks_head_once_and_a_sequential_read_costs_one_get_per_part() {
     fx.mem().put_external("big", &pattern(20 << 20, 5));
     let a = fx.resolve("big").unwrap();
     let (heads, gets) = (fx.mem().requests(Op::Head), fx.mem().requests(Op::Get));
-    let fh = fx
-        .fs
-        .do_open(a.ino.0, fuser::OpenFlags(libc::O_RDONLY), 1, None);
+    let fh = fx.fs.serve(
+        "open",
+        fx.fs
+            .do_open(a.ino.0, fuser::OpenFlags(libc::O_RDONLY), 1, None),
+    );
     let fh = match fh.unwrap() {
         super::super::Opened::Plain(fh, _) => fh,
         _ => unreachable!("no disk cache here"),
@@ -120,7 +122,7 @@ fn open_asks_head_once_and_a_sequential_read_costs_one_get_per_part() {
         assert_eq!(n, 128 << 10);
         off += n;
     }
-    fx.fs.do_release(fh);
+    fx.fs.run(fx.fs.do_release(fh));
     // 20 MiB in 5 MiB parts: 4 GETs, whatever the read size [S-READ-RANGED].
     assert_eq!(fx.mem().requests(Op::Get) - gets, 4);
 }
@@ -180,13 +182,17 @@ fn commits_are_conditional_on_what_was_seen_at_open() {
     let fx = Fx::new();
     // A new file, created meanwhile by another client: theirs stays, close fails EEXIST.
     let fh = fx.create_or_truncate("n").unwrap();
-    fx.fs.do_write(fh, 0, b"mine").unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, b"mine"))
+        .unwrap();
     fx.mem().put_external("n", b"theirs");
     assert_eq!(fx.close(fh).unwrap_err(), Errno::EEXIST);
     assert_eq!(fx.mem().data("n").unwrap(), b"theirs");
     // An overwrite of a version replaced meanwhile: theirs stays, close fails ESTALE.
     let fh = fx.create_or_truncate("n").unwrap();
-    fx.fs.do_write(fh, 0, b"mine again").unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, b"mine again"))
+        .unwrap();
     fx.mem().put_external("n", b"theirs 2");
     assert_eq!(fx.close(fh).unwrap_err(), Errno::ESTALE);
     assert_eq!(fx.mem().data("n").unwrap(), b"theirs 2");
@@ -201,14 +207,23 @@ fn a_seek_back_fails_with_einval_and_stores_nothing() {
     let fx = Fx::new();
     // Within the part being filled: done in place.
     let fh = fx.create_or_truncate("h").unwrap();
-    fx.fs.do_write(fh, 0, b"hello").unwrap();
-    fx.fs.do_write(fh, 0, b"H").unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, b"hello"))
+        .unwrap();
+    fx.fs.serve("write", fx.fs.do_write(fh, 0, b"H")).unwrap();
     fx.close(fh).unwrap();
     assert_eq!(fx.store.inner().data("h").unwrap(), b"Hello");
     // Into a part already sent (this mount cannot stage): refused, nothing stored.
     let fh = fx.create_or_truncate("s").unwrap();
-    fx.fs.do_write(fh, 0, &vec![7u8; BLOCK + 1]).unwrap();
-    assert_eq!(fx.fs.do_write(fh, 0, b"H").unwrap_err(), Errno::EINVAL);
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, &vec![7u8; BLOCK + 1]))
+        .unwrap();
+    assert_eq!(
+        fx.fs
+            .serve("write", fx.fs.do_write(fh, 0, b"H"))
+            .unwrap_err(),
+        Errno::EINVAL
+    );
     assert_eq!(fx.close(fh).unwrap_err(), Errno::EINVAL);
     assert!(!fx.exists("s"));
 }
@@ -218,7 +233,9 @@ fn a_seek_back_fails_with_einval_and_stores_nothing() {
 fn a_file_being_written_shows_its_size_and_refuses_other_opens() {
     let fx = Fx::new();
     let fh = fx.create_or_truncate("w").unwrap();
-    fx.fs.do_write(fh, 0, &[7; 1000]).unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, &[7; 1000]))
+        .unwrap();
     assert_eq!(fx.stat("w").unwrap().size, 1000);
     assert_eq!(fx.ls("").unwrap(), ["w"]);
     assert_eq!(fx.open_read("w").unwrap_err(), Errno::EBUSY);
@@ -234,22 +251,29 @@ fn a_file_unlinked_while_written_stores_nothing() {
     // tar's placeholder of a link: created, closed (its empty object waits for the release),
     // removed.
     let fh = fx.create_or_truncate("placeholder").unwrap();
-    fx.fs.do_flush(fh, std::process::id()).unwrap();
+    fx.fs
+        .serve("flush", fx.fs.do_flush(fh, std::process::id()))
+        .unwrap();
     fx.unlink("placeholder").unwrap();
     assert_eq!(fx.stat("placeholder").unwrap_err(), Errno::ENOENT);
-    fx.fs.do_release(fh);
+    fx.fs.run(fx.fs.do_release(fh));
     assert!(!fx.exists("placeholder"));
     // A file written in parts, removed before its close: the upload is aborted; an older
     // version it was replacing goes with the name.
     fx.mem().put_external("big", b"old");
     let fh = fx.create_or_truncate("big").unwrap();
-    fx.fs.do_write(fh, 0, &vec![1; super::BLOCK + 10]).unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, &vec![1; super::BLOCK + 10]))
+        .unwrap();
     fx.unlink("big").unwrap();
     assert_eq!(fx.ls("").unwrap(), Vec::<String>::new());
     fx.fs
-        .do_write(fh, (super::BLOCK + 10) as u64, b"more")
+        .serve(
+            "write",
+            fx.fs.do_write(fh, (super::BLOCK + 10) as u64, b"more"),
+        )
         .unwrap();
-    fx.fs.do_fsync(fh).unwrap();
+    fx.fs.serve("fsync", fx.fs.do_fsync(fh)).unwrap();
     fx.close(fh).unwrap();
     assert!(!fx.exists("big"));
     assert!(fx.no_uploads_left());
@@ -375,7 +399,7 @@ fn chmod_and_utimes_are_stored_as_metadata_by_a_copy_onto_itself() {
     assert_eq!(attr.mtime, mtime);
     // Written back a moment later (here: by the end of the mount).
     assert_eq!(fx.mem().requests(Op::Copy), 0);
-    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.fs.run(fx.fs.store_pending_attrs()), 0);
     assert_eq!(fx.mem().requests(Op::Copy), 1);
     let info = fx.mem().info("f").unwrap();
     assert_eq!(info.meta.as_ref().and_then(|m| m.mode), Some(0o600));
@@ -443,7 +467,7 @@ fn an_outage_fails_reads_with_an_errno_and_they_work_again_after_it() {
     fx.store.inject(Some(Op::Get), Fault::Short, 1, 1);
     let fh = fx.open_read("r").unwrap();
     let got = fx.pread(fh, 5 << 20, 4096);
-    fx.fs.do_release(fh);
+    fx.fs.run(fx.fs.do_release(fh));
     if let Ok(bytes) = got {
         assert_eq!(bytes, data[5 << 20..(5 << 20) + 4096]);
     }
@@ -512,7 +536,7 @@ fn attribute_changes_are_written_back_once_from_what_the_mount_stored() {
     // Replaced by another client before the write-back: the newer version keeps its own.
     fx.setattr("f", chmod(0o640)).unwrap();
     fx.mem().put_external("f", b"theirs");
-    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.fs.run(fx.fs.store_pending_attrs()), 0);
     assert_eq!(fx.mem().data("f").unwrap(), b"theirs");
     assert_eq!(fx.mem().info("f").unwrap().meta.and_then(|m| m.mode), None);
     assert!(fx.fs.stats_text().contains("attr_writebacks_dropped 1\n"));
@@ -527,11 +551,11 @@ fn fsync_and_opens_for_writing_write_attributes_back_first_and_unlink_drops_them
     let fh = fx.open_read("f").unwrap();
     // A failed write-back is fsync's error, and counted.
     fx.store.fail(Op::Copy, S3ErrorKind::AccessDenied, 1);
-    assert!(fx.fs.do_fsync(fh).is_err());
+    assert!(fx.fs.serve("fsync", fx.fs.do_fsync(fh)).is_err());
     assert!(fx.fs.stats_text().contains("attr_writebacks_failed 1\n"));
     fx.setattr("f", chmod(0o600)).unwrap();
-    fx.fs.do_fsync(fh).unwrap();
-    fx.fs.do_release(fh);
+    fx.fs.serve("fsync", fx.fs.do_fsync(fh)).unwrap();
+    fx.fs.run(fx.fs.do_release(fh));
     assert_eq!(fx.mem().info("f").unwrap().meta.unwrap().mode, Some(0o600));
     // An append stores the mode set before it with the new version.
     fx.setattr("f", chmod(0o604)).unwrap();
@@ -543,7 +567,7 @@ fn fsync_and_opens_for_writing_write_attributes_back_first_and_unlink_drops_them
     let copies = fx.mem().requests(Op::Copy);
     fx.setattr("f", chmod(0o611)).unwrap();
     fx.unlink("f").unwrap();
-    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.fs.run(fx.fs.store_pending_attrs()), 0);
     assert_eq!(fx.mem().requests(Op::Copy), copies);
     assert!(!fx.exists("f"));
 }
@@ -573,7 +597,7 @@ fn a_rename_carries_changes_made_on_the_version_it_copies_and_no_other() {
         "{stats}"
     );
     assert!(stats.contains("attr_writebacks_dropped 1\n"), "{stats}");
-    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.fs.run(fx.fs.store_pending_attrs()), 0);
     assert_eq!(fx.mem().info("c").unwrap().meta.and_then(|m| m.mode), None);
 }
 
@@ -591,7 +615,7 @@ fn rsyncs_file_costs_a_put_a_copy_and_a_delete() {
     fx.setattr("d/.file.Ab12Cd", touch(1_234)).unwrap();
     fx.setattr("d/.file.Ab12Cd", chmod(0o640)).unwrap();
     fx.rename("d/.file.Ab12Cd", "d/file").unwrap();
-    assert_eq!(fx.fs.store_pending_attrs(), 0);
+    assert_eq!(fx.fs.run(fx.fs.store_pending_attrs()), 0);
     assert_eq!(
         (
             before(Op::List) - lists,
@@ -660,7 +684,7 @@ fn a_readers_close_does_not_store_a_staged_file_its_writers_close_does() {
     let fx = Fx::new();
     fx.write("f", b"old").unwrap();
     let w = fx.open_with("f", libc::O_RDWR).unwrap();
-    fx.fs.do_write(w, 0, b"NEW").unwrap();
+    fx.fs.serve("write", fx.fs.do_write(w, 0, b"NEW")).unwrap();
     let r = fx.open_read("f").unwrap();
     assert_eq!(
         fx.pread(r, 0, 3).unwrap(),
@@ -692,7 +716,12 @@ fn inodes_the_kernel_forgets_are_dropped_unless_the_mount_still_needs_them() {
     // The kernel forgets a (however many entries it had): it goes, d stays (held).
     fx.fs.do_forget(a.ino.0, 1000);
     assert_eq!(fx.fs.inodes.len(), before - 1);
-    assert_eq!(fx.fs.do_getattr(a.ino.0).unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        fx.fs
+            .serve("getattr", fx.fs.do_getattr(a.ino.0))
+            .unwrap_err(),
+        Errno::ENOENT
+    );
     // Looked up again: works, under a new number.
     let a2 = fx.stat("d/a").unwrap();
     assert_ne!(a2.ino, a.ino);
@@ -704,7 +733,9 @@ fn inodes_the_kernel_forgets_are_dropped_unless_the_mount_still_needs_them() {
     fx.fs.do_forget(w.ino.0, 1000);
     assert!(fx.fs.inodes.get(w.ino.0).is_some());
     assert_eq!(fx.fs.inodes.deferred(), 1);
-    fx.fs.do_write(fh, 0, b"written").unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, b"written"))
+        .unwrap();
     fx.close(fh).unwrap();
     fx.fs.retry_pinned_now();
     assert_eq!(fx.fs.inodes.deferred(), 0);
@@ -748,15 +779,34 @@ fn only_entries_handed_to_the_kernel_are_counted_so_exact_forgets_drop_them() {
         fx.mem().put_external(k, b"1");
     }
     let root_only = fx.fs.inodes.len();
-    let look = |parent: u64, name: &str| fx.fs.do_lookup(parent, OsStr::new(name)).unwrap().ino.0;
+    let look = |parent: u64, name: &str| {
+        fx.fs
+            .serve("lookup", fx.fs.do_lookup(parent, OsStr::new(name)))
+            .unwrap()
+            .ino
+            .0
+    };
     let d = look(ROOT_INO, "d");
     let (a, b, c) = (look(d, "a"), look(d, "b"), look(d, "c"));
-    let e = fx.fs.do_mkdir(d, OsStr::new("e"), 0o755).unwrap().ino.0;
+    let e = fx
+        .fs
+        .serve("mkdir", fx.fs.do_mkdir(d, OsStr::new("e"), 0o755))
+        .unwrap()
+        .ino
+        .0;
     fx.fs
-        .do_rename(d, OsStr::new("a"), d, OsStr::new("b"), RenameFlags::empty())
+        .serve(
+            "rename",
+            fx.fs
+                .do_rename(d, OsStr::new("a"), d, OsStr::new("b"), RenameFlags::empty()),
+        )
         .unwrap();
-    fx.fs.do_unlink(d, OsStr::new("c")).unwrap();
-    fx.fs.do_rmdir(d, OsStr::new("e")).unwrap();
+    fx.fs
+        .serve("unlink", fx.fs.do_unlink(d, OsStr::new("c")))
+        .unwrap();
+    fx.fs
+        .serve("rmdir", fx.fs.do_rmdir(d, OsStr::new("e")))
+        .unwrap();
     for ino in [a, b, c, e, d] {
         fx.fs.do_forget(ino, 1);
     }
@@ -787,9 +837,12 @@ fn a_rewrite_of_an_object_another_client_deleted_fails_with_estale() {
     let fx = Fx::new();
     fx.mem().put_external("x", b"old");
     let fh = fx.create_or_truncate("x").unwrap();
-    fx.fs.do_write(fh, 0, b"new").unwrap();
+    fx.fs.serve("write", fx.fs.do_write(fh, 0, b"new")).unwrap();
     fx.mem().delete_external("x");
-    assert_eq!(fx.fs.do_fsync(fh).unwrap_err(), Errno::ESTALE);
-    fx.fs.do_release(fh);
+    assert_eq!(
+        fx.fs.serve("fsync", fx.fs.do_fsync(fh)).unwrap_err(),
+        Errno::ESTALE
+    );
+    fx.fs.run(fx.fs.do_release(fh));
     assert!(!fx.exists("x"));
 }
