@@ -60,13 +60,14 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         info!(from = %src.key(), to = %dst_prefix, keys = keys.len(), "renaming a directory: copying its keys, then deleting the sources");
         self.copy_all(&keys, src.key(), &dst_prefix).await?;
-        if let Some(neg) = &self.ns.negative {
+        if let Some(neg) = &self.ns.known.negative {
             neg.invalidate_all();
         }
         if let Some(d) = replaced {
             self.forget_dir(&d);
         }
-        self.inodes
+        self.ns
+            .inodes
             .rename_tree(src.ino, np.ino, new_name, dst_prefix.clone());
         self.delete_all(keys).await;
         self.counters.dir_renames.fetch_add(1, Ordering::Relaxed);
@@ -95,7 +96,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if !self.local_files_in(dst.ino).is_empty() || !self.local_dirs_in(dst.ino).is_empty() {
             return Err(Errno::ENOTEMPTY.into());
         }
-        self.deletes.wait_prefix(dst_prefix);
+        self.ns.deletes.wait_prefix(dst_prefix);
         let page = self.s3.list_page(dst_prefix, Some("/"), None, 2).await?;
         if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != dst_prefix) {
             return Err(Errno::ENOTEMPTY.into());
@@ -114,10 +115,10 @@ impl<S: ObjectStore> S3Fs<S> {
             warn!(key = %src.key(), "cannot rename a directory while a file in it is open for writing in this mount; close it first");
             return Err(Errno::EBUSY.into());
         }
-        if self.attrs.flush_all().await > 0 {
+        if self.ns.attrs.flush_all().await > 0 {
             return Err(Errno::EIO.into());
         }
-        self.deletes.wait_prefix(src.key());
+        self.ns.deletes.wait_prefix(src.key());
         Ok(())
     }
 

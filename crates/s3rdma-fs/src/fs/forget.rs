@@ -23,14 +23,14 @@ const RETRY_EVERY: Duration = Duration::from_secs(1);
 impl<S: ObjectStore> S3Fs<S> {
     /// `inode` is in a reply on its way to the kernel (an entry it counts until FORGET).
     pub(super) fn handed(&self, inode: &std::sync::Arc<Inode>) {
-        self.inodes.remember(inode);
+        self.ns.inodes.remember(inode);
     }
 
     /// The kernel forgot `n` entries of `ino`.
     pub(super) fn do_forget(&self, ino: u64, n: u64) {
         let pinned = |i| self.pinned(i);
-        let keep = |parent, name: &str| self.ns.whole_dirs.keep_name(parent, name);
-        let out = self.inodes.forget(ino, n, &pinned, &keep);
+        let keep = |parent, name: &str| self.ns.known.whole_dirs.keep_name(parent, name);
+        let out = self.ns.inodes.forget(ino, n, &pinned, &keep);
         self.forgotten(out);
     }
 
@@ -50,8 +50,8 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Pinned inodes whose pin has gone are dropped now.
     pub(super) fn retry_pinned_now(&self) {
         let pinned = |i| self.pinned(i);
-        let keep = |parent, name: &str| self.ns.whole_dirs.keep_name(parent, name);
-        let out = self.inodes.retry_deferred(&pinned, &keep);
+        let keep = |parent, name: &str| self.ns.known.whole_dirs.keep_name(parent, name);
+        let out = self.ns.inodes.retry_deferred(&pinned, &keep);
         self.forgotten(out);
     }
 
@@ -59,9 +59,9 @@ impl<S: ObjectStore> S3Fs<S> {
     fn pinned(&self, ino: u64) -> bool {
         self.writes.writing.locked().contains_key(&ino)
             || self.writes.staged.locked().contains_key(&ino)
-            || self.ns.local_dirs.locked().contains(&ino)
-            || self.ns.dir_attrs.locked().contains_key(&ino)
-            || self.attrs.holds(ino)
+            || self.ns.made.local_dirs.locked().contains(&ino)
+            || self.ns.made.dir_attrs.locked().contains_key(&ino)
+            || self.ns.attrs.holds(ino)
     }
 
     /// What went with a forget: a dropped directory's listing and known names (a name dropped
@@ -71,8 +71,8 @@ impl<S: ObjectStore> S3Fs<S> {
             return;
         }
         for ino in &out.dirs {
-            self.ns.listings.forget(*ino);
-            self.ns.whole_dirs.forget(*ino);
+            self.ns.known.listings.forget(*ino);
+            self.ns.known.whole_dirs.forget(*ino);
         }
         self.counters
             .inodes_dropped
@@ -98,7 +98,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 | OpenFile::Staged { ino, .. } => *ino,
             })
             .collect();
-        for ino in self.inodes.inos() {
+        for ino in self.ns.inodes.inos() {
             if !open.contains(&ino) {
                 self.do_forget(ino, u64::MAX);
             }

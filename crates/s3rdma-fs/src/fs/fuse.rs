@@ -455,7 +455,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                     // Told when the kernel asks from here.
                     Told::Unknown => break,
                 };
-                let ttl = self.ns.listings.remaining(e.at, now);
+                let ttl = self.ns.known.listings.remaining(e.at, now);
                 // The kernel counts each entry but `.` and `..` (until FORGET): counted before
                 // the reply goes, and taken back for the one that did not fit.
                 if let Some(inode) = inode {
@@ -579,7 +579,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         let _t = self.counters.time(FuseOp::Other);
         // Permissions are checked by the kernel (default_permissions); existence here.
-        match self.inodes.get(ino.0) {
+        match self.ns.inodes.get(ino.0) {
             Some(_) => reply.ok(),
             None => reply.error(Errno::ENOENT),
         }

@@ -186,10 +186,8 @@ pub struct S3Fs<S: ObjectStore> {
     s3: S,
     cache: Arc<Cache<S>>,
     cfg: FsConfig,
-    /// Inode numbers ↔ keys, with what was last learnt of each.
-    inodes: Arc<InodeTable>,
-    /// What this mount knows of the namespace beyond the inode table.
-    ns: NsState,
+    /// The names, kinds and attributes this mount knows, and what it changes of them.
+    ns: Namespace<S>,
     /// Open files and directories.
     handles: Handles<S>,
     /// Files being written, and the uploads behind them.
@@ -200,17 +198,28 @@ pub struct S3Fs<S: ObjectStore> {
     pass: passthrough::Passthrough,
     /// Failures, inodes dropped, FUSE latency.
     counters: Arc<report::FsCounters>,
-    /// Attribute changes of stored files waiting to be written back.
-    attrs: Arc<attrs::Writeback<S>>,
-    /// Deletes of renamed sources, finished in the background.
-    deletes: Arc<deletes::Deletes<S>>,
     notifier: Arc<OnceLock<Notifier>>,
     mount_time: SystemTime,
 }
 
-/// What a mount knows of the namespace beyond the inode table: listings and negative answers
-/// it may reuse, directories made here and their attributes, hidden keys already logged.
-struct NsState {
+/// The namespace of a mount (mountpoint-s3's superblock is the anchor): the inode table,
+/// the answers it may reuse, what this mount made, and the changes it finishes in the
+/// background.
+struct Namespace<S: ObjectStore> {
+    /// Inode numbers ↔ keys, with what was last learnt of each.
+    inodes: Arc<InodeTable>,
+    known: Known,
+    made: Made,
+    /// Attribute changes of stored files waiting to be written back.
+    attrs: Arc<attrs::Writeback<S>>,
+    /// Deletes of renamed sources, finished in the background.
+    deletes: Arc<deletes::Deletes<S>>,
+    /// When pinned inodes were last tried again.
+    forget_retried: Mutex<Instant>,
+}
+
+/// Answers about names a mount may reuse instead of asking S3 again.
+struct Known {
     /// "No such key" answers, for `--negative-ttl`.
     negative: Option<moka::sync::Cache<String, ()>>,
     /// Complete listings, reused within the metadata TTL.
@@ -219,16 +228,18 @@ struct NsState {
     whole_dirs: whole_dirs::WholeDirs,
     /// Keys logged as hidden, at most once each.
     hidden_logged: moka::sync::Cache<String, ()>,
-    /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
-    local_dirs: Mutex<std::collections::HashSet<u64>>,
-    /// Mode, owner and times set on directories (kept for the life of the mount).
-    dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     /// Lookups ask HeadObject + ListObjectsV2 instead of one listing (the server refused one).
     exact_probes: AtomicBool,
     /// The largest small file found by lookups in each directory (see `small`).
     siblings: small::Siblings,
-    /// When pinned inodes were last tried again.
-    forget_retried: Mutex<Instant>,
+}
+
+/// What this mount made of the namespace that S3 may not hold (yet).
+struct Made {
+    /// Directories made with `mkdir` in this mount (they may have no key in S3 yet).
+    local_dirs: Mutex<std::collections::HashSet<u64>>,
+    /// Mode, owner and times set on directories (kept for the life of the mount).
+    dir_attrs: Mutex<HashMap<u64, FileMeta>>,
     /// Held across an extended attribute change: each rewrites the file's whole set.
     xattr_change: tokio::sync::Mutex<()>,
 }
@@ -291,24 +302,28 @@ impl<S: ObjectStore> S3Fs<S> {
             cfg.multipart_copy_threshold,
         ));
         S3Fs {
-            attrs,
-            deletes: Arc::new(deletes::Deletes::new(s3.clone(), rt.clone())),
+            ns: Namespace {
+                inodes: Arc::new(InodeTable::new(root_prefix)),
+                known: Known {
+                    negative,
+                    listings: dir::ListingCache::new(cfg.metadata_ttl),
+                    whole_dirs: whole_dirs::WholeDirs::new(cfg.negative_ttl),
+                    hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
+                    exact_probes: AtomicBool::new(false),
+                    siblings: small::Siblings::new(),
+                },
+                made: Made {
+                    local_dirs: Mutex::new(Default::default()),
+                    dir_attrs: Mutex::new(HashMap::new()),
+                    xattr_change: tokio::sync::Mutex::new(()),
+                },
+                attrs,
+                deletes: Arc::new(deletes::Deletes::new(s3.clone(), rt.clone())),
+                forget_retried: Mutex::new(Instant::now()),
+            },
             rt,
             s3,
             cache,
-            inodes: Arc::new(InodeTable::new(root_prefix)),
-            ns: NsState {
-                negative,
-                listings: dir::ListingCache::new(cfg.metadata_ttl),
-                whole_dirs: whole_dirs::WholeDirs::new(cfg.negative_ttl),
-                hidden_logged: moka::sync::Cache::new(HIDDEN_LOG_CAPACITY),
-                local_dirs: Mutex::new(Default::default()),
-                dir_attrs: Mutex::new(HashMap::new()),
-                exact_probes: AtomicBool::new(false),
-                siblings: small::Siblings::new(),
-                forget_retried: Mutex::new(Instant::now()),
-                xattr_change: tokio::sync::Mutex::new(()),
-            },
             handles: Handles {
                 files: Arc::new(Mutex::new(HashMap::new())),
                 dirs: Mutex::new(HashMap::new()),
@@ -380,7 +395,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// ctime is S3's Last-Modified.
     fn attr(&self, inode: &Inode, stat: &Stat) -> FileAttr {
         // Attributes set here and not written back yet show at once.
-        let overlaid = self.attrs.overlay(inode, stat);
+        let overlaid = self.ns.attrs.overlay(inode, stat);
         let stat = overlaid.as_ref().unwrap_or(stat);
         let (kind, perm, nlink) = match inode.kind {
             Kind::File => (FileType::RegularFile, self.cfg.file_mode, 1),
@@ -434,8 +449,8 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     fn log_hidden(&self, key: &str, why: &str) {
-        if !self.ns.hidden_logged.contains_key(key) {
-            self.ns.hidden_logged.insert(key.to_string(), ());
+        if !self.ns.known.hidden_logged.contains_key(key) {
+            self.ns.known.hidden_logged.insert(key.to_string(), ());
             warn!(
                 key,
                 reason = why,
@@ -446,13 +461,14 @@ impl<S: ObjectStore> S3Fs<S> {
 
     fn negative_hit(&self, key: &str) -> bool {
         self.ns
+            .known
             .negative
             .as_ref()
             .is_some_and(|c| c.contains_key(key))
     }
 
     fn remember_missing(&self, key: String) {
-        if let Some(c) = &self.ns.negative {
+        if let Some(c) = &self.ns.known.negative {
             c.insert(key, ());
         }
     }
@@ -466,7 +482,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// The inode and attributes of `name` in `parent` (asking S3 if the inode table has no
     /// fresh answer), for the mount's own use: not counted as handed to the kernel.
     async fn resolve(&self, parent: u64, name: &OsStr) -> FsResult<(Arc<Inode>, Stat)> {
-        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
+        let p = self.ns.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
             return Err(Errno::ENOTDIR.into());
         }
@@ -474,7 +490,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let name = name.to_str().ok_or(Errno::ENOENT)?;
         names::check_name(name)?;
         let now = Instant::now();
-        if let Some(child) = self.inodes.child(parent, name) {
+        if let Some(child) = self.ns.inodes.child(parent, name) {
             if let Some(stat) = self.local_stat(child.ino) {
                 return Ok((child, stat));
             }
@@ -486,7 +502,7 @@ impl<S: ObjectStore> S3Fs<S> {
             }
         }
         let key = names::child_key(p.key(), name);
-        self.deletes.wait_name(p.key(), name);
+        self.ns.deletes.wait_name(p.key(), name);
         if self.negative_hit(&key) || self.absent_by_listing(&p, name, now).await? {
             return Err(Errno::ENOENT.into());
         }
@@ -509,7 +525,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if !self.cfg.file_metadata {
             return None;
         }
-        let child = self.inodes.child(parent, name)?;
+        let child = self.ns.inodes.child(parent, name)?;
         if child.kind == Kind::Dir {
             return None;
         }
@@ -520,7 +536,8 @@ impl<S: ObjectStore> S3Fs<S> {
         let child = if kind == child.kind {
             child
         } else {
-            self.inodes
+            self.ns
+                .inodes
                 .upsert_child(parent, name, kind, child.key().to_string())
         };
         self.remember(&child, stat.clone(), now);
@@ -538,8 +555,10 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<(Arc<Inode>, Stat)> {
         let dir_prefix = names::dir_prefix_of(&key);
         // (Exact probes send HeadObject beside their listing already.)
-        let ahead = self.cfg.file_metadata && !self.ns.exact_probes.load(Ordering::Relaxed);
-        let sibling = ahead.then(|| self.ns.siblings.largest(parent)).flatten();
+        let ahead = self.cfg.file_metadata && !self.ns.known.exact_probes.load(Ordering::Relaxed);
+        let sibling = ahead
+            .then(|| self.ns.known.siblings.largest(parent))
+            .flatten();
         let beside = sibling.map(|size| small::fetch_beside(&self.rt, &self.cache, &key, size));
         let probe = self.probe(&key, &dir_prefix).await;
         // Its answer, when it is one (a 404 or a failure says nothing the probe does not).
@@ -550,7 +569,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let probe = probe?;
         if ahead {
             let file_size = probe.file.as_ref().filter(|_| !probe.dir).map(|f| f.size);
-            self.ns.siblings.found(parent, file_size);
+            self.ns.known.siblings.found(parent, file_size);
         }
         // A directory wins over a file of the same name.
         if probe.dir {
@@ -558,6 +577,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 self.log_hidden(&key, "a directory of the same name exists");
             }
             let child = self
+                .ns
                 .inodes
                 .upsert_child(parent, name, Kind::Dir, dir_prefix);
             let stat = self.dir_stat();
@@ -567,7 +587,7 @@ impl<S: ObjectStore> S3Fs<S> {
         match probe.file {
             Some(info) => self.found_file(parent, name, key, info, beside, now).await,
             None => {
-                if let Some(child) = self.inodes.child(parent, name) {
+                if let Some(child) = self.ns.inodes.child(parent, name) {
                     child.invalidate();
                 }
                 self.remember_missing(key);
@@ -586,7 +606,7 @@ impl<S: ObjectStore> S3Fs<S> {
         beside: Option<s3rdma_client::ObjectInfo>,
         now: Instant,
     ) -> FsResult<(Arc<Inode>, Stat)> {
-        let known = self.inodes.child(parent, name);
+        let known = self.ns.inodes.child(parent, name);
         let mut stat = Stat::from(&info).inherit(known.and_then(|c| c.last_stat()).as_ref());
         if stat.meta.is_none() && self.cfg.file_metadata {
             // A listing does not carry the stored attributes: ask for them once per version
@@ -600,7 +620,7 @@ impl<S: ObjectStore> S3Fs<S> {
                     match asked.await {
                         Ok(head) => head,
                         Err(e) if e.kind == S3ErrorKind::NotFound => {
-                            if let Some(c) = self.inodes.child(parent, name) {
+                            if let Some(c) = self.ns.inodes.child(parent, name) {
                                 c.invalidate();
                             }
                             return Err(Errno::ENOENT.into());
@@ -612,7 +632,7 @@ impl<S: ObjectStore> S3Fs<S> {
             stat = Stat::from(&head);
         }
         let kind = Kind::of_object(stat.meta.as_ref());
-        let child = self.inodes.upsert_child(parent, name, kind, key);
+        let child = self.ns.inodes.upsert_child(parent, name, kind, key);
         self.remember(&child, stat.clone(), now);
         Ok((child, stat))
     }
@@ -622,10 +642,10 @@ impl<S: ObjectStore> S3Fs<S> {
     /// negative TTL; a small one whose knowledge expired is listed again (one page).
     async fn absent_by_listing(&self, p: &Inode, name: &str, now: Instant) -> FsResult<bool> {
         // A name this mount has an inode for is answered by the usual path.
-        if self.inodes.child(p.ino, name).is_some() {
+        if self.ns.inodes.child(p.ino, name).is_some() {
             return Ok(false);
         }
-        match self.ns.whole_dirs.answer(p.ino, name, now) {
+        match self.ns.known.whole_dirs.answer(p.ino, name, now) {
             whole_dirs::Answer::Absent => Ok(true),
             whole_dirs::Answer::Listed | whole_dirs::Answer::Unknown => Ok(false),
             whole_dirs::Answer::Expired => {
@@ -634,17 +654,19 @@ impl<S: ObjectStore> S3Fs<S> {
                     .list_page(p.key(), Some("/"), None, whole_dirs::MAX_NAMES as i32)
                     .await?;
                 if page.next_token.is_some() {
-                    self.ns.whole_dirs.large(p.ino, now);
+                    self.ns.known.whole_dirs.large(p.ino, now);
                     return Ok(false);
                 }
                 let mut builder = DirBuilder::new(p.key());
                 builder.add_page(page);
                 let (entries, _) = builder.finish();
-                self.ns
-                    .whole_dirs
-                    .listed(p.ino, now, entries.iter().map(|(n, _)| n.as_str()));
+                self.ns.known.whole_dirs.listed(
+                    p.ino,
+                    now,
+                    entries.iter().map(|(n, _)| n.as_str()),
+                );
                 Ok(!entries.iter().any(|(n, _)| n == name)
-                    && self.inodes.child(p.ino, name).is_none())
+                    && self.ns.inodes.child(p.ino, name).is_none())
             }
         }
     }
@@ -673,7 +695,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Ask S3 what `key` is: one listing of the name, or (when that cannot be sure, or the
     /// server refuses such a listing) HeadObject and a listing of `key/`, concurrently.
     async fn probe(&self, key: &str, dir_prefix: &str) -> Result<Probe, S3Error> {
-        if !self.ns.exact_probes.load(Ordering::Relaxed) {
+        if !self.ns.known.exact_probes.load(Ordering::Relaxed) {
             match self
                 .s3
                 .list_page(key, Some("/"), None, probe::PROBE_MAX_KEYS)
@@ -686,7 +708,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 }
                 Err(e) if e.status == Some(400) => {
                     warn!(key, error = %e, "the server refuses a listing prefix that is not a directory; lookups use HeadObject + ListObjectsV2 from now on");
-                    self.ns.exact_probes.store(true, Ordering::Relaxed);
+                    self.ns.known.exact_probes.store(true, Ordering::Relaxed);
                 }
                 Err(e) => return Err(e),
             }
@@ -707,7 +729,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     async fn do_getattr(&self, ino: u64) -> FsResult<FileAttr> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if let Some(stat) = self.local_stat(ino) {
             return Ok(self.attr(&inode, &stat));
         }
@@ -740,7 +762,7 @@ impl<S: ObjectStore> S3Fs<S> {
         pid: u32,
         reply: Option<&ReplyOpen>,
     ) -> FsResult<Opened> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         match inode.kind {
             Kind::Dir => return Err(Errno::EISDIR.into()),
             // The kernel follows links itself; it never opens one.
@@ -893,22 +915,29 @@ impl<S: ObjectStore> S3Fs<S> {
     /// has one (and changed nothing since), else from S3.
     async fn list_dir(&self, inode: &Inode) -> FsResult<DirOut> {
         let now = Instant::now();
-        let (listing, cached) = match self.ns.listings.get(inode.ino, now) {
+        let (listing, cached) = match self.ns.known.listings.get(inode.ino, now) {
             Some(l) => (l, true),
             None => {
-                let generation = self.ns.listings.generation();
+                let generation = self.ns.known.listings.generation();
                 let entries = self.list_from_s3(inode).await?;
-                self.ns
-                    .whole_dirs
-                    .listed(inode.ino, now, entries.iter().map(|(n, _)| n.as_str()));
-                let listing = self.ns.listings.put(inode.ino, now, generation, entries);
+                self.ns.known.whole_dirs.listed(
+                    inode.ino,
+                    now,
+                    entries.iter().map(|(n, _)| n.as_str()),
+                );
+                let listing = self
+                    .ns
+                    .known
+                    .listings
+                    .put(inode.ino, now, generation, entries);
                 (listing, false)
             }
         };
         debug!(key = %inode.key(), entries = listing.entries.len(), cached, "listed");
         let mut out = Vec::with_capacity(listing.entries.len() + 2);
-        let parent = self.inodes.get(inode.parent).unwrap_or_else(|| {
-            self.inodes
+        let parent = self.ns.inodes.get(inode.parent).unwrap_or_else(|| {
+            self.ns
+                .inodes
                 .get(ROOT_INO)
                 .expect("the root inode always exists")
         });
@@ -944,7 +973,10 @@ impl<S: ObjectStore> S3Fs<S> {
         let (child, stat) = match listed {
             Listed::Dir => {
                 let prefix = names::dir_prefix_of(&names::child_key(dir.key(), name));
-                let child = self.inodes.upsert_child(dir.ino, name, Kind::Dir, prefix);
+                let child = self
+                    .ns
+                    .inodes
+                    .upsert_child(dir.ino, name, Kind::Dir, prefix);
                 let stat = self.listed_stat(&child, self.dir_stat(), cached, until, now);
                 (child, stat)
             }
@@ -986,7 +1018,7 @@ impl<S: ObjectStore> S3Fs<S> {
     ) {
         let dir_stat = self.dir_stat();
         let files = self.local_files_in(dir.ino).into_iter();
-        let files = files.filter_map(|(ino, stat)| Some((self.inodes.get(ino)?, stat)));
+        let files = files.filter_map(|(ino, stat)| Some((self.ns.inodes.get(ino)?, stat)));
         let kept = kept.into_iter().map(|c| (c, dir_stat.clone()));
         for (child, stat) in kept.chain(files) {
             if !out.iter().any(|e| e.name == child.name()) {
@@ -1001,7 +1033,7 @@ impl<S: ObjectStore> S3Fs<S> {
     fn asked_file(&self, dir: &Inode, name: &str, stat: &Stat, at: Instant) -> Arc<Inode> {
         let kind = Kind::of_object(stat.meta.as_ref());
         let key = names::child_key(dir.key(), name);
-        let child = self.inodes.upsert_child(dir.ino, name, kind, key);
+        let child = self.ns.inodes.upsert_child(dir.ino, name, kind, key);
         self.remember(&child, stat.clone(), at);
         child
     }
@@ -1015,7 +1047,7 @@ impl<S: ObjectStore> S3Fs<S> {
         name: &str,
         info: &dir::ListedFile,
     ) -> Option<(Arc<Inode>, Stat)> {
-        let known = self.inodes.child(dir.ino, name);
+        let known = self.ns.inodes.child(dir.ino, name);
         let stat = Stat {
             size: info.size,
             mtime: info.last_modified,
@@ -1028,7 +1060,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let kind = Kind::of_object(stat.meta.as_ref());
         let key = names::child_key(dir.key(), name);
-        Some((self.inodes.upsert_child(dir.ino, name, kind, key), stat))
+        Some((self.ns.inodes.upsert_child(dir.ino, name, kind, key), stat))
     }
 
     /// The stat a listed entry gets: a reused listing never overrides what was learnt after
@@ -1052,7 +1084,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// One full ListObjectsV2 walk of the directory.
     async fn list_from_s3(&self, inode: &Inode) -> FsResult<Vec<(String, Listed)>> {
-        self.deletes.wait_prefix(inode.key());
+        self.ns.deletes.wait_prefix(inode.key());
         let mut builder = DirBuilder::new(inode.key());
         let result: Result<(), S3Error> = async {
             let mut token = None;
@@ -1089,7 +1121,7 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<R> {
         let dir = self.lock_dirs().get(&fh).cloned().ok_or(Errno::EBADF)?;
         let mut cached = dir.entries.lock().await;
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if offset == 0 || cached.is_none() {
             *cached = Some(self.list_dir(&inode).await?);
         }
@@ -1115,19 +1147,23 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Write back the attribute changes of `ino` waiting to be (before its bytes change, at
     /// `fsync`).
     async fn store_attrs(&self, ino: u64) -> FsResult<()> {
-        self.attrs.flush(ino).await.map_err(|e| Error::reported(&e))
+        self.ns
+            .attrs
+            .flush(ino)
+            .await
+            .map_err(|e| Error::reported(&e))
     }
 
     /// Write back every attribute change waiting to be (the end of the mount); how many
     /// failed (each logged).
     pub async fn store_pending_attrs(&self) -> usize {
-        self.attrs.flush_all().await
+        self.ns.attrs.flush_all().await
     }
 
     /// Wait for the deletes that finish renames (the end of the mount); how many were still
     /// running when the wait ended.
     pub fn finish_renames(&self) -> usize {
-        self.deletes.wait_all(deletes::END_WAIT)
+        self.ns.deletes.wait_all(deletes::END_WAIT)
     }
 
     /// The live counters, one `name value` per line (`s3rdma stats`).
@@ -1146,12 +1182,12 @@ impl<S: ObjectStore> S3Fs<S> {
             uploader: self.writes.uploader.clone(),
             stage: self.writes.stage.clone(),
             disk: self.disk.clone(),
-            attrs: self.attrs.clone(),
-            deletes: self.deletes.clone(),
+            attrs: self.ns.attrs.clone(),
+            deletes: self.ns.deletes.clone(),
             counters: self.counters.clone(),
             files: self.handles.files.clone(),
             writing: self.writes.writing.clone(),
-            inodes: self.inodes.clone(),
+            inodes: self.ns.inodes.clone(),
         }
     }
 
@@ -1180,14 +1216,14 @@ impl<S: ObjectStore> S3Fs<S> {
     /// Hold across anything that changes the namespace in S3 (create, write, delete, rename,
     /// mkdir, rmdir, setattr): cached listings are not used again.
     fn ns_change(&self) -> dir::NamespaceChange<'_> {
-        dir::NamespaceChange::new(&self.ns.listings)
+        dir::NamespaceChange::new(&self.ns.known.listings)
     }
 }
 
 impl<S: ObjectStore> S3Fs<S> {
     /// Whether the file's current version (as last seen) is in the disk cache.
     async fn is_disk_cached(&self, ino: u64) -> Option<bool> {
-        let inode = self.inodes.get(ino)?;
+        let inode = self.ns.inodes.get(ino)?;
         if inode.kind == Kind::Dir {
             return Some(false);
         }
@@ -1256,7 +1292,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// Open directory `ino` for listing; returns its handle.
     async fn do_opendir(&self, ino: u64) -> FsResult<u64> {
-        match self.inodes.get(ino) {
+        match self.ns.inodes.get(ino) {
             Some(i) if i.kind == Kind::Dir => {
                 let fh = self.handles.next_fh();
                 self.lock_dirs().insert(

@@ -49,13 +49,13 @@ impl<S: ObjectStore> S3Fs<S> {
     /// since), and those holding a file being written here.
     fn anchors(&self) -> Vec<u64> {
         let mut dirs: Vec<u64> = {
-            let set = self.ns.local_dirs.locked();
+            let set = self.ns.made.local_dirs.locked();
             set.iter().copied().collect()
         };
         dirs.extend(
             self.local_files()
                 .into_iter()
-                .filter_map(|i| self.inodes.get(i))
+                .filter_map(|i| self.ns.inodes.get(i))
                 .map(|f| f.parent),
         );
         dirs
@@ -63,9 +63,9 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// `ino` and its parents up to the root.
     pub(super) fn ancestry(&self, ino: u64) -> impl Iterator<Item = Arc<Inode>> + '_ {
-        std::iter::successors(self.inodes.get(ino), move |i| {
+        std::iter::successors(self.ns.inodes.get(ino), move |i| {
             (i.ino != ROOT_INO)
-                .then(|| self.inodes.get(i.parent))
+                .then(|| self.ns.inodes.get(i.parent))
                 .flatten()
         })
     }
@@ -97,7 +97,7 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn dir_meta(&self, ino: u64) -> Option<FileMeta> {
-        self.ns.dir_attrs.locked().get(&ino).cloned()
+        self.ns.made.dir_attrs.locked().get(&ino).cloned()
     }
 
     /// The parent directory and the name as a key (EINVAL for non-UTF-8, ENAMETOOLONG...).
@@ -106,7 +106,7 @@ impl<S: ObjectStore> S3Fs<S> {
         parent: u64,
         name: &'a OsStr,
     ) -> FsResult<(Arc<Inode>, &'a str)> {
-        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
+        let p = self.ns.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
             return Err(Errno::ENOTDIR.into());
         }
@@ -116,7 +116,7 @@ impl<S: ObjectStore> S3Fs<S> {
         })?;
         names::check_name(name)?;
         // Something is to be stored under this name: a rename's delete of it finishes first.
-        self.deletes.wait_name(p.key(), name);
+        self.ns.deletes.wait_name(p.key(), name);
         Ok((p, name))
     }
 
@@ -153,10 +153,10 @@ impl<S: ObjectStore> S3Fs<S> {
                 Err(e) => return Err(e.into()),
             }
         }
-        let child = self.inodes.upsert_child(parent, name, Kind::Dir, prefix);
-        self.ns.local_dirs.locked().insert(child.ino);
+        let child = self.ns.inodes.upsert_child(parent, name, Kind::Dir, prefix);
+        self.ns.made.local_dirs.locked().insert(child.ino);
         if (mode & 0o7777) as u16 != self.cfg.dir_mode {
-            self.ns.dir_attrs.locked().insert(
+            self.ns.made.dir_attrs.locked().insert(
                 child.ino,
                 FileMeta {
                     mode: Some(mode & 0o7777),
@@ -166,7 +166,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         let now = Instant::now();
         // Nothing was under it when the kernel's lookup asked.
-        self.ns.whole_dirs.made(child.ino, now);
+        self.ns.known.whole_dirs.made(child.ino, now);
         let stat = self.dir_stat();
         child.set_stat(stat.clone(), self.ttl_from(now));
         debug!(key = %child.key(), "directory made");
@@ -182,7 +182,7 @@ impl<S: ObjectStore> S3Fs<S> {
         if !self.local_files_in(child.ino).is_empty() || !self.local_dirs_in(child.ino).is_empty() {
             return Err(Errno::ENOTEMPTY.into());
         }
-        self.deletes.wait_prefix(child.key());
+        self.ns.deletes.wait_prefix(child.key());
         let page = self.s3.list_page(child.key(), Some("/"), None, 2).await?;
         let marker = page.objects.iter().any(|o| o.key == child.key());
         if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.key != child.key()) {
@@ -197,11 +197,11 @@ impl<S: ObjectStore> S3Fs<S> {
     }
 
     pub(super) fn forget_dir(&self, child: &Inode) {
-        self.ns.whole_dirs.forget(child.ino);
-        self.ns.local_dirs.locked().remove(&child.ino);
-        self.ns.dir_attrs.locked().remove(&child.ino);
+        self.ns.known.whole_dirs.forget(child.ino);
+        self.ns.made.local_dirs.locked().remove(&child.ino);
+        self.ns.made.dir_attrs.locked().remove(&child.ino);
         child.invalidate();
-        self.inodes.remove_child(child.parent, child.name());
+        self.ns.inodes.remove_child(child.parent, child.name());
     }
 
     pub(super) async fn do_unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
@@ -229,10 +229,10 @@ impl<S: ObjectStore> S3Fs<S> {
             self.lock_writing().remove(&child.ino);
         }
         // Attribute changes not written back yet go with the object.
-        let pending = self.attrs.take(child.ino);
+        let pending = self.ns.attrs.take(child.ino);
         if let Err(e) = self.s3.delete_object(child.key()).await {
             if let Some(p) = pending {
-                self.attrs.restore(p);
+                self.ns.attrs.restore(p);
             }
             return Err(e.into());
         }
@@ -244,7 +244,7 @@ impl<S: ObjectStore> S3Fs<S> {
     fn forget_file(&self, child: &Inode) {
         child.invalidate();
         child.forget_opened();
-        self.inodes.remove_child(child.parent, child.name());
+        self.ns.inodes.remove_child(child.parent, child.name());
         self.remember_missing(child.key().to_string());
     }
 
@@ -353,7 +353,7 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<()> {
         // Attribute changes not written back yet go along with the copy (when it copies the
         // version they were made on).
-        let pending = self.attrs.take(src.ino);
+        let pending = self.ns.attrs.take(src.ino);
         let with_changes = |info: &ObjectInfo| {
             let meta = info.meta.clone().unwrap_or_default();
             match &pending {
@@ -368,16 +368,16 @@ impl<S: ObjectStore> S3Fs<S> {
             Ok(c) => c,
             Err(e) => {
                 if let Some(p) = pending {
-                    self.attrs.restore(p);
+                    self.ns.attrs.restore(p);
                 }
                 return Err(e);
             }
         };
         let meta = with_changes(&info);
         if let Some(p) = &pending {
-            self.attrs.renamed(p, p.base.etag == info.etag);
+            self.ns.attrs.renamed(p, p.base.etag == info.etag);
         }
-        self.deletes.start(src.key(), dst_key);
+        self.ns.deletes.start(src.key(), dst_key);
         let stat = Stat::from(&ObjectInfo {
             key: dst_key.to_string(),
             size: info.size,
@@ -465,15 +465,16 @@ impl<S: ObjectStore> S3Fs<S> {
             d.invalidate();
             d.forget_opened();
             // Replaced: changes to its attributes not written back yet are moot.
-            self.attrs.take(d.ino);
+            self.ns.attrs.take(d.ino);
         }
-        if let Some(neg) = &self.ns.negative {
+        if let Some(neg) = &self.ns.known.negative {
             neg.invalidate(dst_key);
         }
         self.remember_missing(src.key().to_string());
-        if let Some(moved) = self
-            .inodes
-            .rename(src.ino, new_parent, new_name, dst_key.to_string())
+        if let Some(moved) =
+            self.ns
+                .inodes
+                .rename(src.ino, new_parent, new_name, dst_key.to_string())
         {
             if let Some(stat) = stat {
                 let now = Instant::now();
@@ -490,7 +491,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// is not kept (the mount is noatime).
     pub(super) async fn do_setattr(&self, ino: u64, set: SetAttr) -> FsResult<FileAttr> {
         let _ns = self.ns_change();
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if self.cfg.read_only {
             return Err(Errno::EROFS.into());
         }
@@ -504,7 +505,7 @@ impl<S: ObjectStore> S3Fs<S> {
         }
         if inode.kind == Kind::Dir {
             if !change.is_empty() {
-                let mut map = self.ns.dir_attrs.locked();
+                let mut map = self.ns.made.dir_attrs.locked();
                 let merged = map.get(&ino).cloned().unwrap_or_default().merged(&change);
                 map.insert(ino, merged);
             }
@@ -534,7 +535,7 @@ impl<S: ObjectStore> S3Fs<S> {
             None => {
                 let base = self.known_version(&inode).await?;
                 let stat = Stat::from(&base);
-                self.attrs.defer(inode.clone(), base, &change);
+                self.ns.attrs.defer(inode.clone(), base, &change);
                 Ok(self.attr(&inode, &stat))
             }
             Some(size) => self.truncate_stored_file(&inode, size, &change).await,

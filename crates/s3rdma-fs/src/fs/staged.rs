@@ -235,7 +235,7 @@ impl<S: ObjectStore> S3Fs<S> {
         let _ns = self.ns_change();
         match s.file.commit().await {
             Ok(Some(info)) => {
-                if let Some(inode) = self.inodes.get(ino) {
+                if let Some(inode) = self.ns.inodes.get(ino) {
                     let now = Instant::now();
                     self.remember(&inode, Stat::from(&info), now);
                     // The kernel's pages are this version's.
@@ -245,7 +245,7 @@ impl<S: ObjectStore> S3Fs<S> {
             }
             Ok(None) => Ok(()),
             Err(e) => {
-                if let Some(inode) = self.inodes.get(ino) {
+                if let Some(inode) = self.ns.inodes.get(ino) {
                     inode.invalidate();
                 }
                 Err(Error::staged(s.file.key(), e))

@@ -55,10 +55,11 @@ impl<S: ObjectStore> S3Fs<S> {
                 s3rdma_client::S3ErrorKind::PreconditionFailed => Errno::EEXIST.into(),
                 _ => Error::from(e),
             })?;
-        if let Some(neg) = &self.ns.negative {
+        if let Some(neg) = &self.ns.known.negative {
             neg.invalidate(&key);
         }
         let child = self
+            .ns
             .inodes
             .upsert_child(parent, name, Kind::Symlink, key.clone());
         let stat = Stat::from(&ObjectInfo {
@@ -76,7 +77,7 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// `readlink`: the object's body (one GET, pinned to the version last seen).
     pub(super) async fn do_readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind != Kind::Symlink {
             return Err(Errno::EINVAL.into());
         }
@@ -99,6 +100,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// `link`: refused, an object has one name.
     pub(super) async fn do_link(&self, ino: u64) -> FsResult<FileAttr> {
         let key = self
+            .ns
             .inodes
             .get(ino)
             .map(|i| i.key().to_string())

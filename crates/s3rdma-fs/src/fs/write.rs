@@ -116,7 +116,7 @@ impl<S: ObjectStore> S3Fs<S> {
     pub(super) fn local_files_in(&self, parent: u64) -> Vec<(u64, Stat)> {
         self.local_files()
             .into_iter()
-            .filter(|i| self.inodes.get(*i).is_some_and(|n| n.parent == parent))
+            .filter(|i| self.ns.inodes.get(*i).is_some_and(|n| n.parent == parent))
             .filter_map(|i| self.local_stat(i).map(|s| (i, s)))
             .collect()
     }
@@ -177,7 +177,7 @@ impl<S: ObjectStore> S3Fs<S> {
     ) -> FsResult<(FileAttr, u64, FopenFlags)> {
         let _ns = self.ns_change();
         let (pid, uid, gid) = req;
-        let p = self.inodes.get(parent).ok_or(Errno::ENOENT)?;
+        let p = self.ns.inodes.get(parent).ok_or(Errno::ENOENT)?;
         if p.kind != Kind::Dir {
             return Err(Errno::ENOTDIR.into());
         }
@@ -187,9 +187,9 @@ impl<S: ObjectStore> S3Fs<S> {
         })?;
         names::check_name(name)?;
         let key = names::child_key(p.key(), name);
-        self.deletes.wait_name(p.key(), name);
-        let inode = self.inodes.upsert_child(parent, name, Kind::File, key);
-        if let Some(neg) = &self.ns.negative {
+        self.ns.deletes.wait_name(p.key(), name);
+        let inode = self.ns.inodes.upsert_child(parent, name, Kind::File, key);
+        if let Some(neg) = &self.ns.known.negative {
             neg.invalidate(inode.key());
         }
         // Attributes that differ from the mount's defaults are stored with the object.
@@ -318,7 +318,7 @@ impl<S: ObjectStore> S3Fs<S> {
         ino: u64,
         info: &ObjectInfo,
     ) -> FsResult<Arc<staged::Staged<S>>> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         let meta = info.meta.clone().unwrap_or_default();
         let s = self.stage(
             &inode,
@@ -350,7 +350,7 @@ impl<S: ObjectStore> S3Fs<S> {
         w: &WriteFile<S>,
         up: &mut Upload<S>,
     ) -> FsResult<Arc<staged::Staged<S>>> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         let Some((bytes, cond, meta, key)) = up.take_unsent() else {
             return Err(Errno::EINVAL.into());
         };
@@ -436,7 +436,7 @@ impl<S: ObjectStore> S3Fs<S> {
                 map.remove(&ino);
             }
         }
-        if let Some(inode) = self.inodes.get(ino) {
+        if let Some(inode) = self.ns.inodes.get(ino) {
             match &result {
                 Ok(info) if was_open => {
                     let now = Instant::now();

@@ -54,13 +54,13 @@ impl<S: ObjectStore> S3Fs<S> {
             Some(s) => s,
             None => Stat::from(&self.known_version(inode).await?),
         };
-        let stat = self.attrs.overlay(inode, &stat).unwrap_or(stat);
+        let stat = self.ns.attrs.overlay(inode, &stat).unwrap_or(stat);
         Ok(stat.meta.unwrap_or_default())
     }
 
     /// The file's user attributes as they stand; none for directories and links.
     async fn xattrs_of(&self, ino: u64) -> FsResult<Xattrs> {
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind != Kind::File {
             return Ok(Xattrs::new());
         }
@@ -134,12 +134,12 @@ impl<S: ObjectStore> S3Fs<S> {
         if self.cfg.read_only {
             return Err(Errno::EROFS.into());
         }
-        let inode = self.inodes.get(ino).ok_or(Errno::ENOENT)?;
+        let inode = self.ns.inodes.get(ino).ok_or(Errno::ENOENT)?;
         if inode.kind != Kind::File {
             warn!(key = %inode.key(), "extended attributes are stored with files only, not on directories or links");
             return Err(Errno::EOPNOTSUPP.into());
         }
-        let _one = self.ns.xattr_change.lock().await;
+        let _one = self.ns.made.xattr_change.lock().await;
         let current = self.meta_now(&inode).await?;
         let mut attrs = current.xattrs.clone().unwrap_or_default();
         edit(&mut attrs).inspect_err(|e| {

@@ -712,10 +712,10 @@ fn inodes_the_kernel_forgets_are_dropped_unless_the_mount_still_needs_them() {
     fx.mem().put_external("d/b", b"2");
     let a = fx.stat("d/a").unwrap();
     assert_eq!(fx.ls("d").unwrap(), ["a", "b"]);
-    let before = fx.fs.inodes.len();
+    let before = fx.fs.ns.inodes.len();
     // The kernel forgets a (however many entries it had): it goes, d stays (held).
     fx.fs.do_forget(a.ino.0, 1000);
-    assert_eq!(fx.fs.inodes.len(), before - 1);
+    assert_eq!(fx.fs.ns.inodes.len(), before - 1);
     assert_eq!(
         fx.fs
             .serve("getattr", fx.fs.do_getattr(a.ino.0))
@@ -731,15 +731,15 @@ fn inodes_the_kernel_forgets_are_dropped_unless_the_mount_still_needs_them() {
     let fh = fx.create_or_truncate("d/w").unwrap();
     let w = fx.stat("d/w").unwrap();
     fx.fs.do_forget(w.ino.0, 1000);
-    assert!(fx.fs.inodes.get(w.ino.0).is_some());
-    assert_eq!(fx.fs.inodes.deferred(), 1);
+    assert!(fx.fs.ns.inodes.get(w.ino.0).is_some());
+    assert_eq!(fx.fs.ns.inodes.deferred(), 1);
     fx.fs
         .serve("write", fx.fs.do_write(fh, 0, b"written"))
         .unwrap();
     fx.close(fh).unwrap();
     fx.fs.retry_pinned_now();
-    assert_eq!(fx.fs.inodes.deferred(), 0);
-    assert!(fx.fs.inodes.get(w.ino.0).is_none());
+    assert_eq!(fx.fs.ns.inodes.deferred(), 0);
+    assert!(fx.fs.ns.inodes.get(w.ino.0).is_none());
     // d lists what it listed before: the forgotten name made here is asked about, not
     // answered "absent" from d's known names.
     assert_eq!(fx.read("d/w").unwrap(), b"written");
@@ -778,7 +778,7 @@ fn only_entries_handed_to_the_kernel_are_counted_so_exact_forgets_drop_them() {
     for k in ["d/a", "d/b", "d/c"] {
         fx.mem().put_external(k, b"1");
     }
-    let root_only = fx.fs.inodes.len();
+    let root_only = fx.fs.ns.inodes.len();
     let look = |parent: u64, name: &str| {
         fx.fs
             .serve("lookup", fx.fs.do_lookup(parent, OsStr::new(name)))
@@ -811,7 +811,7 @@ fn only_entries_handed_to_the_kernel_are_counted_so_exact_forgets_drop_them() {
         fx.fs.do_forget(ino, 1);
     }
     fx.fs.retry_pinned_now();
-    assert_eq!(fx.fs.inodes.len(), root_only, "{}", fx.fs.stats_text());
+    assert_eq!(fx.fs.ns.inodes.len(), root_only, "{}", fx.fs.stats_text());
 }
 
 // [S-NS-ATTR-WRITEBACK]
