@@ -67,7 +67,7 @@ fn prepare(settings: &Settings) -> (PathBuf, Readiness) {
         Ok(p) => p,
         Err(msg) => Readiness::foreground().fail(&msg),
     };
-    let mut readiness = if settings.foreground {
+    let mut readiness = if settings.process.foreground {
         Readiness::foreground()
     } else {
         match daemon::daemonize() {
@@ -75,9 +75,12 @@ fn prepare(settings: &Settings) -> (PathBuf, Readiness) {
             Err(e) => Readiness::foreground().fail(&format!("cannot start the daemon: {e}")),
         }
     };
-    let log_target = logging::Target::choose(settings.log_file.as_deref(), !settings.foreground);
+    let log_target = logging::Target::choose(
+        settings.process.log_file.as_deref(),
+        !settings.process.foreground,
+    );
     readiness.keep_stderr = log_target.uses_stderr();
-    if let Err(msg) = logging::init(&settings.log_level, &log_target) {
+    if let Err(msg) = logging::init(&settings.process.log_level, &log_target) {
         readiness.fail(&msg);
     }
     raise_fd_limit();
@@ -106,9 +109,10 @@ fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), S
             .map_err(|e| format!("cannot install signal handlers: {e}"))?
     };
     let memory = memory(&rt, settings, &s3)?;
-    let disk = match &settings.cache_dir {
+    let disk = match &settings.local.cache_dir {
         Some(dir) => {
             let limit = settings
+                .local
                 .cache_dir_size
                 .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
             let part = settings.fs.read.part_size;
@@ -127,25 +131,25 @@ fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), S
         memory.uploader.clone(),
     );
     if let Some(d) = &disk {
-        fs.set_disk_cache(d.clone(), settings.passthrough);
+        fs.set_disk_cache(d.clone(), settings.local.passthrough);
     }
     if memory.uploader.is_some() {
         fs.set_staging(staging(settings)?);
     }
     let (control, report) = (fs.control(), Arc::new(fs.reporter()));
-    if let Some(addr) = settings.metrics_addr {
+    if let Some(addr) = settings.process.metrics_addr {
         serve_metrics(&rt, settings, addr, rdma, report.clone())?;
     }
     let session = session(fs, mountpoint, settings)?;
     let _ = notifier.set(session.notifier());
     let dev = lifecycle::mount_dev(mountpoint);
     if let Some(dev) = &dev {
-        set_read_ahead(dev, settings.read_ahead_kb);
+        set_read_ahead(dev, settings.memory.read_ahead_kb);
     }
     let shutdown = lifecycle::Shutdown {
         mountpoint: mountpoint.to_path_buf(),
         dev: dev.clone(),
-        grace: settings.shutdown_grace,
+        grace: settings.process.shutdown_grace,
         control: control.clone(),
     };
     rt.spawn(lifecycle::on_signals(signals.0, signals.1, shutdown));
@@ -191,30 +195,30 @@ fn memory(
     s3: &S3Client,
 ) -> Result<Memory, String> {
     let part = settings.fs.read.part_size;
-    let blocks = (settings.cache_size / part) as usize;
+    let blocks = (settings.memory.cache_size / part) as usize;
     let cache = Cache::new(
         s3.clone(),
         part as usize,
         blocks,
-        settings.max_inflight_reads,
+        settings.memory.max_inflight_reads,
     )
     .map_err(|e| e.to_string())?;
     let cache = Arc::new(cache);
     info!(
-        bytes = settings.cache_size,
+        bytes = settings.memory.cache_size,
         blocks,
         block_size = part,
         "page cache ready"
     );
-    if settings.read_only {
+    if settings.kernel.read_only {
         return Ok(Memory {
             cache,
             uploader: None,
         });
     }
     let pool = WritePool::new(
-        settings.write_part_size as usize,
-        (settings.write_buffer_size / settings.write_part_size) as usize,
+        settings.memory.write_part_size as usize,
+        (settings.memory.write_buffer_size / settings.memory.write_part_size) as usize,
         s3.rdma_mode() != s3rdma_client::RdmaMode::Off,
     )
     .map_err(|e| e.to_string())?;
@@ -222,11 +226,11 @@ fn memory(
         s3.clone(),
         rt.handle().clone(),
         Arc::new(pool),
-        settings.upload_concurrency,
+        settings.memory.upload_concurrency,
     ));
     info!(
-        bytes = settings.write_buffer_size,
-        part_size = settings.write_part_size,
+        bytes = settings.memory.write_buffer_size,
+        part_size = settings.memory.write_part_size,
         max_file_size = uploader.max_file_size(),
         "write buffers ready (mapped by the first write)"
     );
@@ -238,7 +242,7 @@ fn memory(
 
 /// The staging area of a writable mount.
 fn staging(settings: &Settings) -> Result<Arc<StagingArea>, String> {
-    let dir = &settings.staging_dir;
+    let dir = &settings.local.staging_dir;
     std::fs::create_dir_all(dir).map_err(|e| {
         format!(
             "cannot create the staging directory {}: {e}; give a writable --staging-dir",
@@ -246,6 +250,7 @@ fn staging(settings: &Settings) -> Result<Arc<StagingArea>, String> {
         )
     })?;
     let limit = settings
+        .local
         .staging_size
         .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
     let area = StagingArea::open(dir, limit).map_err(|e| e.to_string())?;
@@ -278,14 +283,14 @@ fn serve_metrics(
 fn session(fs: S3Fs<S3Client>, mountpoint: &Path, settings: &Settings) -> Result<Session, String> {
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(settings);
-    config.acl = if settings.allow_other {
+    config.acl = if settings.kernel.allow_other {
         SessionACL::All
-    } else if settings.allow_root {
+    } else if settings.kernel.allow_root {
         SessionACL::RootAndOwner
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(settings.max_threads);
+    config.n_threads = Some(settings.kernel.max_threads);
     config.clone_fd = true;
     fuser::Session::new(fs, mountpoint, &config).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::NotFound {
@@ -312,8 +317,8 @@ fn background(
     report: &Arc<dyn Report + Send + Sync>,
 ) {
     // Memory unused for the idle timeout goes back to the system [S-MEM-GIVE-BACK].
-    if !settings.memory_idle_timeout.is_zero() {
-        let idle = settings.memory_idle_timeout;
+    if !settings.memory.memory_idle_timeout.is_zero() {
+        let idle = settings.memory.memory_idle_timeout;
         let cache = memory.cache.clone();
         let pool = memory.uploader.as_ref().map(|u| u.pool());
         rt.spawn(async move {
@@ -332,7 +337,7 @@ fn background(
             }
         });
     }
-    if let Some(path) = settings.stats_file.clone() {
+    if let Some(path) = settings.process.stats_file.clone() {
         let report = report.clone();
         rt.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -368,7 +373,7 @@ fn teardown(
         }
     }
     let summary_text = summary(&mounted.report);
-    if let Some(path) = &settings.stats_file {
+    if let Some(path) = &settings.process.stats_file {
         write_stats(path, &summary_text);
     }
     let one_line: Vec<String> = summary_text
@@ -472,20 +477,20 @@ fn mount_options(s: &Settings) -> Vec<MountOption> {
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
     ];
-    if s.read_only {
+    if s.kernel.read_only {
         // The kernel refuses writes with EROFS up front.
         opts.push(MountOption::RO);
     }
     let user_set =
-        |a: &MountOption, b: &MountOption| s.kernel_flags.iter().any(|f| f == a || f == b);
+        |a: &MountOption, b: &MountOption| s.kernel.kernel_flags.iter().any(|f| f == a || f == b);
     if !user_set(&MountOption::Dev, &MountOption::NoDev) {
         opts.push(MountOption::NoDev);
     }
     if !user_set(&MountOption::Suid, &MountOption::NoSuid) {
         opts.push(MountOption::NoSuid);
     }
-    opts.extend(s.kernel_flags.iter().cloned());
-    if s.auto_unmount {
+    opts.extend(s.kernel.kernel_flags.iter().cloned());
+    if s.kernel.auto_unmount {
         opts.push(MountOption::AutoUnmount);
     }
     opts

@@ -453,12 +453,28 @@ pub struct Settings {
     /// The deadline of the cuObject client's construction (`--rdma-init-timeout`).
     pub rdma_init_timeout: Duration,
     pub fs: FsConfig,
+    pub kernel: Kernel,
+    pub process: Process,
+    pub memory: Memory,
+    pub local: LocalDirs,
+}
+
+/// What the kernel mount is given.
+#[derive(Clone, Debug)]
+pub struct Kernel {
     pub read_only: bool,
     pub allow_other: bool,
     pub allow_root: bool,
     pub auto_unmount: bool,
-    pub foreground: bool,
+    /// FUSE worker threads.
     pub max_threads: usize,
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// The daemon process: how it runs, logs and reports.
+#[derive(Clone, Debug)]
+pub struct Process {
+    pub foreground: bool,
     /// How long files being written get at SIGTERM/SIGINT before they are aborted.
     pub shutdown_grace: Duration,
     pub log_level: String,
@@ -466,7 +482,11 @@ pub struct Settings {
     pub stats_file: Option<PathBuf>,
     /// Where `/metrics` is served (`--metrics-addr`), checked: loopback unless allowed.
     pub metrics_addr: Option<std::net::SocketAddr>,
-    pub kernel_flags: Vec<MountOption>,
+}
+
+/// The memory a mount takes: its page cache and write buffers.
+#[derive(Clone, Debug)]
+pub struct Memory {
     pub cache_size: u64,
     /// Idle cache blocks and write buffers give their memory back after this (0: never).
     pub memory_idle_timeout: Duration,
@@ -475,6 +495,11 @@ pub struct Settings {
     pub write_part_size: u64,
     pub write_buffer_size: u64,
     pub upload_concurrency: usize,
+}
+
+/// The local directories a mount uses.
+#[derive(Clone, Debug)]
+pub struct LocalDirs {
     /// The disk cache: its directory, its size (None: the default), passthrough wanted.
     pub cache_dir: Option<PathBuf>,
     pub cache_dir_size: Option<u64>,
@@ -807,30 +832,38 @@ impl Settings {
             bucket,
             prefix,
             mountpoint: cli.mountpoint,
-            read_only: cli.read_only,
-            allow_other: cli.allow_other,
-            allow_root: cli.allow_root,
-            auto_unmount: cli.auto_unmount,
-            foreground: cli.foreground,
-            max_threads: cli.max_threads,
-            shutdown_grace: cli.shutdown_grace,
-            log_level: cli.log_level,
-            log_file: cli.log_file,
-            stats_file: cli.stats_file,
-            metrics_addr,
-            kernel_flags: cli.kernel_flag.iter().map(|f| kernel_flag(f)).collect(),
-            cache_size,
-            memory_idle_timeout: cli.memory_idle_timeout,
-            max_inflight_reads: cli.max_inflight_reads,
-            read_ahead_kb: cli.read_ahead_kb,
-            write_part_size,
-            write_buffer_size,
-            upload_concurrency: cli.upload_concurrency,
-            passthrough: !cli.no_passthrough,
-            cache_dir: cli.cache_dir,
-            cache_dir_size: cli.cache_dir_size,
-            staging_dir,
-            staging_size: cli.staging_size,
+            kernel: Kernel {
+                read_only: cli.read_only,
+                allow_other: cli.allow_other,
+                allow_root: cli.allow_root,
+                auto_unmount: cli.auto_unmount,
+                max_threads: cli.max_threads,
+                kernel_flags: cli.kernel_flag.iter().map(|f| kernel_flag(f)).collect(),
+            },
+            process: Process {
+                foreground: cli.foreground,
+                shutdown_grace: cli.shutdown_grace,
+                log_level: cli.log_level,
+                log_file: cli.log_file,
+                stats_file: cli.stats_file,
+                metrics_addr,
+            },
+            memory: Memory {
+                cache_size,
+                memory_idle_timeout: cli.memory_idle_timeout,
+                max_inflight_reads: cli.max_inflight_reads,
+                read_ahead_kb: cli.read_ahead_kb,
+                write_part_size,
+                write_buffer_size,
+                upload_concurrency: cli.upload_concurrency,
+            },
+            local: LocalDirs {
+                passthrough: !cli.no_passthrough,
+                cache_dir: cli.cache_dir,
+                cache_dir_size: cli.cache_dir_size,
+                staging_dir,
+                staging_size: cli.staging_size,
+            },
         })
     }
 
@@ -1014,8 +1047,8 @@ mod tests {
         assert_eq!(format!("{:?}", a.s3), format!("{:?}", b.s3));
         assert_eq!(format!("{:?}", a.fs), format!("{:?}", b.fs));
         assert_eq!(a.prefix, "p/");
-        assert!(a.read_only && b.read_only);
-        assert_eq!(b.max_threads, 4);
+        assert!(a.kernel.read_only && b.kernel.read_only);
+        assert_eq!(b.kernel.max_threads, 4);
     }
 
     #[test]
@@ -1106,12 +1139,12 @@ mod tests {
         let e = settings(&["s3rdma", "bkt", "/m", "-o", "shutdown_grace=25h"]).unwrap_err();
         assert!(e.contains("shutdown grace"), "{e}");
         let s = settings(&["s3rdma", "bkt", "/m", "--shutdown-grace", "2s"]).unwrap();
-        assert_eq!(s.shutdown_grace, Duration::from_secs(2));
+        assert_eq!(s.process.shutdown_grace, Duration::from_secs(2));
         let s = settings(&["s3rdma", "bkt", "/m"]).unwrap();
-        assert_eq!(s.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(s.process.shutdown_grace, Duration::from_secs(30));
         let s = settings(&["s3rdma", "bkt", "/m", "-o", "write_buffer_size=100M"]).unwrap();
         assert_eq!(
-            (s.write_part_size, s.write_buffer_size),
+            (s.memory.write_part_size, s.memory.write_buffer_size),
             (16 << 20, 96 << 20)
         );
     }
@@ -1272,12 +1305,12 @@ mod tests {
             ["a", "b=c,d", "e"]
         );
         let s = settings(&["s3rdma", "bkt", "/m", "-o", "ro,rw"]).unwrap();
-        assert!(!s.read_only);
+        assert!(!s.kernel.read_only);
         let s = settings(&[
             "s3rdma", "bkt", "/m", "-o", "rw", "-o", "ro", "-o", "noexec",
         ])
         .unwrap();
-        assert!(s.read_only);
-        assert_eq!(s.kernel_flags, vec![MountOption::NoExec]);
+        assert!(s.kernel.read_only);
+        assert_eq!(s.kernel.kernel_flags, vec![MountOption::NoExec]);
     }
 }
