@@ -13,4 +13,5 @@ pub mod mount;
 mod robustness;
 pub mod startup;
 pub mod stats;
+pub mod transport;
 pub mod warm;

@@ -11,6 +11,7 @@ use tracing::{error, info, warn};
 
 use crate::cli::Settings;
 use crate::daemon::{self, Readiness};
+use crate::transport::Transport;
 use crate::{lifecycle, logging, startup};
 use s3rdma_client::{ObjectStore, S3Client};
 use s3rdma_fs::cache::Cache;
@@ -42,12 +43,12 @@ struct Memory {
 /// Mount and serve until unmounted. Never returns: exits 0 after a clean unmount, 1 on failure.
 pub fn run(settings: Settings) -> ! {
     let (mountpoint, mut readiness) = prepare(&settings);
-    let (mounted, session) = match start(&settings, &mountpoint) {
+    let (mounted, session, transport) = match start(&settings, &mountpoint) {
         Ok(m) => m,
         Err(msg) => readiness.fail(&msg),
     };
     readiness.ready();
-    let result = match session.run() {
+    let result = match transport.run(session, &mounted.control) {
         // The kernel reports an ended connection as ECONNABORTED when it was aborted, and at
         // times when the last file of a lazily unmounted mount is closed: the session is over
         // either way; what was lost, if anything, is counted by the aborted uploads below.
@@ -91,7 +92,7 @@ fn prepare(settings: &Settings) -> (PathBuf, Readiness) {
 type Session = fuser::Session<S3Fs<S3Client>>;
 
 /// Everything up to a mounted FUSE session, each failure one line for the user.
-fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), String> {
+fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session, Transport), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .thread_name("s3rdma-io")
@@ -109,27 +110,21 @@ fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), S
             .map_err(|e| format!("cannot install signal handlers: {e}"))?
     };
     let memory = memory(&rt, settings, &s3)?;
-    let disk = match &settings.local.cache_dir {
-        Some(dir) => {
-            let limit = settings
-                .local
-                .cache_dir_size
-                .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
-            let part = settings.fs.read.part_size;
-            Some(DiskCache::open(dir, limit, &settings.bucket, part).map_err(|e| e.to_string())?)
-        }
-        None => None,
-    };
+    let disk = disk_cache(settings)?;
+    let transport = Transport::choose(settings)?;
+    let mut fs_cfg = settings.fs.clone();
+    fs_cfg.ring_max_write = transport.ring_max_write();
     let notifier = Arc::new(OnceLock::new());
     let mut fs = S3Fs::new(
         rt.handle().clone(),
         s3,
         memory.cache.clone(),
         &settings.prefix,
-        settings.fs.clone(),
+        fs_cfg,
         notifier.clone(),
         memory.uploader.clone(),
     );
+    fs.set_transport_report(transport.stats.clone());
     if let Some(d) = &disk {
         fs.set_disk_cache(d.clone(), settings.local.passthrough);
     }
@@ -140,7 +135,8 @@ fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), S
     if let Some(addr) = settings.process.metrics_addr {
         serve_metrics(&rt, settings, addr, rdma, report.clone())?;
     }
-    let session = session(fs, mountpoint, settings)?;
+    let threads = transport.dev_threads(settings.kernel.max_threads);
+    let session = session(fs, mountpoint, settings, threads)?;
     let _ = notifier.set(session.notifier());
     let dev = lifecycle::mount_dev(mountpoint);
     if let Some(dev) = &dev {
@@ -169,7 +165,21 @@ fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session), S
         report,
         dev,
     };
-    Ok((mounted, session))
+    Ok((mounted, session, transport))
+}
+
+/// The disk cache (`--cache-dir`), if any.
+fn disk_cache(settings: &Settings) -> Result<Option<Arc<DiskCache>>, String> {
+    let Some(dir) = &settings.local.cache_dir else {
+        return Ok(None);
+    };
+    let limit = settings
+        .local
+        .cache_dir_size
+        .unwrap_or_else(|| s3rdma_fs::diskcache::default_size(dir));
+    let part = settings.fs.read.part_size;
+    let disk = DiskCache::open(dir, limit, &settings.bucket, part).map_err(|e| e.to_string())?;
+    Ok(Some(disk))
 }
 
 /// The S3 client, with `rdma=` resolved once (auto may become off), once the bucket answers.
@@ -280,7 +290,12 @@ fn serve_metrics(
 }
 
 /// The kernel mount and its FUSE session.
-fn session(fs: S3Fs<S3Client>, mountpoint: &Path, settings: &Settings) -> Result<Session, String> {
+fn session(
+    fs: S3Fs<S3Client>,
+    mountpoint: &Path,
+    settings: &Settings,
+    threads: usize,
+) -> Result<Session, String> {
     let mut config = fuser::Config::default();
     config.mount_options = mount_options(settings);
     config.acl = if settings.kernel.allow_other {
@@ -290,7 +305,7 @@ fn session(fs: S3Fs<S3Client>, mountpoint: &Path, settings: &Settings) -> Result
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(settings.kernel.max_threads);
+    config.n_threads = Some(threads);
     config.clone_fd = true;
     fuser::Session::new(fs, mountpoint, &config).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::NotFound {

@@ -255,6 +255,18 @@ pub struct Cli {
     #[arg(long, value_name = "N", help_heading = "Mount", default_value = "16")]
     pub max_threads: usize,
 
+    /// How FUSE requests reach the daemon: `uring` (io_uring rings, Linux 6.14+, switched on by
+    /// /sys/module/fuse/parameters/enable_uring; refuses to mount without), `dev` (/dev/fuse),
+    /// `auto` (the rings when the kernel offers them, else /dev/fuse)
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        help_heading = "Mount",
+        default_value = "auto"
+    )]
+    pub fuse_transport: FuseTransport,
+
     /// On SIGTERM/SIGINT: how long files open for writing get to be closed (and stored) before
     /// their uploads are aborted and the mount is detached
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Mount", default_value = "30s")]
@@ -468,7 +480,19 @@ pub struct Kernel {
     pub auto_unmount: bool,
     /// FUSE worker threads.
     pub max_threads: usize,
+    pub fuse_transport: FuseTransport,
     pub kernel_flags: Vec<MountOption>,
+}
+
+/// How FUSE requests reach the daemon (`--fuse-transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FuseTransport {
+    /// io_uring rings when the kernel offers them, else /dev/fuse.
+    Auto,
+    /// io_uring rings (FUSE over io_uring), or no mount.
+    Uring,
+    /// /dev/fuse.
+    Dev,
 }
 
 /// The daemon process: how it runs, logs and reports.
@@ -807,6 +831,8 @@ fn fs_config(cli: &Cli, max_prefetch: u64) -> FsConfig {
         max_dir_rename_keys: cli.max_dir_rename_keys,
         multipart_copy_threshold: cli.multipart_copy_threshold,
         open_trusts_metadata: cli.open_trusts_metadata,
+        // Set by the mount once it has made the rings (see mount.rs).
+        ring_max_write: None,
     }
 }
 
@@ -838,6 +864,7 @@ impl Settings {
                 allow_root: cli.allow_root,
                 auto_unmount: cli.auto_unmount,
                 max_threads: cli.max_threads,
+                fuse_transport: cli.fuse_transport,
                 kernel_flags: cli.kernel_flag.iter().map(|f| kernel_flag(f)).collect(),
             },
             process: Process {
@@ -1080,6 +1107,7 @@ mod tests {
                 "endpoint_url" => Some("http://127.0.0.1:1"),
                 "metrics_addr" => Some("127.0.0.1:9100"),
                 "rdma" => Some("auto"),
+                "fuse_transport" => Some("dev"),
                 _ if arg.get_action().takes_values() => Some("1"),
                 _ => None,
             };
@@ -1232,6 +1260,7 @@ mod tests {
             ("max_dir_rename_keys", "10000001", "max dir rename keys"),
             ("max_dir_rename_keys", "many", "max dir rename keys"),
             ("log_level", "s3rdma=loud", "log level"),
+            ("fuse_transport", "fast", "fuse transport"),
             ("cache_dir", "", "cache dir"),
             ("cache_dir_size", "1MiB", "cache dir size"),
             ("cache_dir_size", "lots", "cache dir size"),

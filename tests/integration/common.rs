@@ -354,6 +354,15 @@ pub fn s3rdma() -> Command {
     cmd
 }
 
+/// The FUSE transport the suite runs on (`S3RDMA_IT_FUSE_TRANSPORT`: `uring` or `dev`;
+/// `scripts/test.sh` runs the suite on each), unless the test picks one.
+pub fn transport_args(extra: &[&str]) -> Vec<String> {
+    match std::env::var("S3RDMA_IT_FUSE_TRANSPORT") {
+        Ok(t) if !extra.contains(&"--fuse-transport") => vec!["--fuse-transport".into(), t],
+        _ => vec![],
+    }
+}
+
 /// A fresh empty directory for a mountpoint.
 pub fn mountpoint() -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -469,6 +478,7 @@ impl Mount {
                     path.with_extension("staging").into_os_string(),
                 ]
             })
+            .args(transport_args(extra))
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

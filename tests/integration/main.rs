@@ -22,5 +22,6 @@ mod soak;
 mod staged;
 mod startup;
 mod system;
+mod transport;
 mod tree;
 mod write;

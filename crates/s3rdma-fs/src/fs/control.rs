@@ -15,6 +15,7 @@ pub(super) type FileTable<S> = Arc<Mutex<HashMap<u64, Arc<OpenFile<S>>>>>;
 /// A handle on the open files of a mount, usable from the signal handler.
 #[derive(Clone)]
 pub struct FsControl<S: ObjectStore> {
+    pub(super) counters: Arc<super::report::FsCounters>,
     pub(super) files: FileTable<S>,
     pub(super) closing: Arc<AtomicBool>,
     /// Files aborted because the mount ended while they were being written.
@@ -26,6 +27,11 @@ impl<S: ObjectStore> FsControl<S> {
     /// can still be written and closed.
     pub fn begin_shutdown(&self) {
         self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the kernel granted FUSE over io_uring at INIT (known once the session exists).
+    pub fn ring_granted(&self) -> bool {
+        self.counters.ring_granted.load(Ordering::Relaxed)
     }
 
     /// How many files were aborted by [`FsControl::abort_writes`] so far.

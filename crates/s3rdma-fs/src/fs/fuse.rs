@@ -57,6 +57,7 @@ impl<S: ObjectStore> fuser::Filesystem for S3Fs<S> {
                 _ => info!("the kernel does not offer FUSE passthrough (Linux 6.9+); files in the disk cache are served by the daemon"),
             }
         }
+        self.ask_for_rings(config);
         info!(bucket = self.s3.bucket(), "filesystem initialised");
         Ok(())
     }
@@ -598,6 +599,24 @@ fn reply_xattr(reply: ReplyXattr, size: u32, value: Result<Vec<u8>, Errno>) {
 }
 
 impl<S: ObjectStore> S3Fs<S> {
+    /// FUSE over io_uring, when the mount made rings for it: the entries' payload bounds
+    /// `max_write`, and the kernel hands requests to the rings once they are registered.
+    fn ask_for_rings(&self, config: &mut KernelConfig) {
+        let Some(max_write) = self.cfg.ring_max_write else {
+            return;
+        };
+        if let Err(max) = config.set_max_write(max_write) {
+            let _ = config.set_max_write(max);
+        }
+        match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
+            Ok(()) => {
+                self.counters.ring_granted.store(true, Ordering::Relaxed);
+                info!("FUSE over io_uring: the kernel hands requests to the rings")
+            }
+            Err(_) => warn!("the kernel did not offer FUSE over io_uring at INIT although it is switched on; requests go over /dev/fuse"),
+        }
+    }
+
     /// Serve one request: its work runs to the end on this FUSE worker thread, and a failure
     /// is reported once (see `error`) and becomes the errno of the reply.
     pub(super) fn serve<T>(

@@ -86,6 +86,9 @@ pub struct FsConfig {
     /// `open` uses attributes younger than `metadata_ttl` (from a lookup or a listing) instead
     /// of asking S3 again: for data that does not change while mounted.
     pub open_trusts_metadata: bool,
+    /// Ask the kernel for FUSE over io_uring at INIT, with this `max_write` (the payload of
+    /// the rings' entries): the rings are made and will be registered. None: `/dev/fuse` only.
+    pub ring_max_write: Option<u32>,
 }
 
 /// How old an answer about the key (lookup or HeadObject) may be for `open` to use it instead
@@ -1175,6 +1178,11 @@ impl<S: ObjectStore> S3Fs<S> {
 
     /// Everything this mount counts, through shared handles: what `s3rdma stats` and the
     /// metrics endpoint read. Take it once the disk cache and staging area are set.
+    /// Add the FUSE transport's counters to what the mount reports.
+    pub fn set_transport_report(&self, r: Arc<dyn s3rdma_metrics::Report + Send + Sync>) {
+        let _ = self.counters.transport.set(r);
+    }
+
     pub fn reporter(&self) -> report::FsReport<S> {
         report::FsReport {
             s3: self.s3.clone(),
@@ -1195,6 +1203,7 @@ impl<S: ObjectStore> S3Fs<S> {
     /// the file system.
     pub fn control(&self) -> control::FsControl<S> {
         control::FsControl {
+            counters: self.counters.clone(),
             files: self.handles.files.clone(),
             closing: self.writes.closing.clone(),
             aborted: self.writes.aborted.clone(),

@@ -6,8 +6,8 @@
 //! FUSE worker is busy.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use s3rdma_client::ObjectStore;
@@ -154,6 +154,10 @@ pub(super) struct FsCounters {
     fuse: [Histogram; FuseOp::ALL.len()],
     /// Time from an open for reading to the reply of its first read.
     first_byte: Histogram,
+    /// The kernel granted FUSE over io_uring at INIT.
+    pub ring_granted: AtomicBool,
+    /// What the FUSE transport reports (set by the binary, which runs it).
+    pub transport: OnceLock<Arc<dyn Report + Send + Sync>>,
 }
 
 /// Times a FUSE request from its arrival to its reply (when dropped, after the reply).
@@ -213,6 +217,9 @@ impl<S: ObjectStore> Report for FsReport<S> {
         }
         self.attrs.report(out);
         self.deletes.report(out);
+        if let Some(t) = self.counters.transport.get() {
+            t.report(out);
+        }
         crate::report_memory(
             self.cache.arena(),
             self.uploader.as_ref().and_then(|u| u.pool.arena()),

@@ -72,6 +72,7 @@ pub(super) fn strict_config() -> FsConfig {
         max_dir_rename_keys: 10_000,
         multipart_copy_threshold: 5 << 30,
         open_trusts_metadata: false,
+        ring_max_write: None,
     }
 }
 

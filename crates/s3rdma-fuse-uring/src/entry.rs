@@ -1,0 +1,90 @@
+//! One ring entry: the two buffers it registers with the kernel (the header area and the
+//! payload), page-aligned in one allocation that never moves while the kernel may write
+//! into it, and the `iovec` pair REGISTER points at.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+use crate::abi::ReqHeader;
+
+const PAGE: usize = 4096;
+
+/// The buffers of one entry of queue `qid`.
+pub struct Entry {
+    base: NonNull<u8>,
+    layout: Layout,
+    payload_len: usize,
+    iov: Box<[libc::iovec; 2]>,
+    pub qid: u16,
+}
+
+// SAFETY: the entry owns its allocation; the kernel writes into it only between a command's
+// submission and its completion, while the worker that owns the entry waits for it.
+unsafe impl Send for Entry {}
+
+impl Entry {
+    /// An entry of queue `qid` with `payload_len` bytes of payload (at least what the
+    /// kernel asks: `max(8 KiB, max_write, max_pages × page)`).
+    pub fn new(qid: u16, payload_len: usize) -> Self {
+        let payload_len = payload_len.next_multiple_of(PAGE);
+        let layout = Layout::from_size_align(PAGE + payload_len, PAGE)
+            .unwrap_or_else(|_| panic!("a ring entry of {payload_len} bytes"));
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let base = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: base.as_ptr().cast(),
+                iov_len: std::mem::size_of::<ReqHeader>(),
+            },
+            libc::iovec {
+                // SAFETY: PAGE is within the allocation.
+                iov_base: unsafe { base.as_ptr().add(PAGE) }.cast(),
+                iov_len: payload_len,
+            },
+        ]);
+        Entry {
+            base,
+            layout,
+            payload_len,
+            iov,
+            qid,
+        }
+    }
+
+    /// What REGISTER's `addr` points at: the two buffers.
+    pub fn iovecs(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+
+    /// Pointers to the header area and the payload (and its length), for the reply sink.
+    pub fn raw_parts(&self) -> (*mut ReqHeader, *mut u8, usize) {
+        let base = self.base.as_ptr();
+        // SAFETY: PAGE is within the allocation.
+        (base.cast(), unsafe { base.add(PAGE) }, self.payload_len)
+    }
+
+    /// The header area and the payload, for the worker that owns the entry while the kernel
+    /// does not (between a completion and the next command).
+    pub fn parts(&mut self) -> (&mut ReqHeader, &mut [u8]) {
+        // SAFETY: the header lies at the start of the page-aligned allocation (ReqHeader is
+        // repr(C) of plain bytes and integers: any bytes are a valid value), the payload one
+        // page on; both are borrowed through `&mut self`, so nothing else in this process
+        // touches them, and the kernel does not while the entry is the worker's.
+        unsafe {
+            let header = &mut *self.base.as_ptr().cast::<ReqHeader>();
+            let payload =
+                std::slice::from_raw_parts_mut(self.base.as_ptr().add(PAGE), self.payload_len);
+            (header, payload)
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; the kernel let go of the entry when its
+        // last command completed (the worker drops entries only after that, or never
+        // registered them).
+        unsafe { dealloc(self.base.as_ptr(), self.layout) }
+    }
+}

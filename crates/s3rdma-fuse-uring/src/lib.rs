@@ -1,0 +1,112 @@
+//! FUSE over io_uring (Linux 6.14+, FUSE protocol 7.42): the kernel hands requests to the
+//! daemon through io_uring instead of `read(/dev/fuse)`, and a reply goes back with the
+//! command that fetches the next request.
+//!
+//! After the usual INIT over `/dev/fuse` (where the file system asks for
+//! `FUSE_OVER_IO_URING`), each of `workers` threads registers one entry per kernel queue (one
+//! queue per possible CPU) on its own ring, then serves what arrives in them through fuser's
+//! `Dispatcher` (a patch of fuser 0.18: `vendor/fuser/PATCHES.md`) with the same `Filesystem`
+//! the `/dev/fuse` threads serve: the file-system code does not know the transport.
+//! FORGET, INTERRUPT and notifications still travel over `/dev/fuse`, as the kernel wants.
+//!
+//! - [`probe`]: whether the kernel offers the transport now (the switch, io_uring itself).
+//! - [`abi`]: the kernel's structures; [`frame`]: a ring entry ↔ the `/dev/fuse` format.
+//! - `entry`: an entry's buffers; `ring`: a worker's ring, its loop and reply sink.
+
+pub mod abi;
+mod entry;
+pub mod frame;
+pub mod probe;
+mod ring;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub use probe::{offered, NotOffered};
+pub use ring::Ring;
+
+/// The payload area of each entry: the largest request or reply the mount lets the kernel
+/// send (`max_write`, and `max_pages` × page, 1 MiB by default).
+pub const PAYLOAD: usize = 1 << 20;
+
+/// What the transport did, for `s3rdma stats` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// The rings serve the mount (the kernel granted the transport at INIT).
+    pub on: AtomicBool,
+    /// Requests served through the rings.
+    pub requests: AtomicU64,
+    /// Entries the kernel refused (their requests then go over `/dev/fuse`).
+    pub refused: AtomicU64,
+}
+
+impl s3rdma_metrics::Report for Stats {
+    fn report(&self, out: &mut dyn s3rdma_metrics::Sink) {
+        use s3rdma_metrics::Value;
+        out.value(Value::gauge(
+            "fuse_over_io_uring",
+            "1 when the kernel hands FUSE requests to the daemon through io_uring rings, 0 over /dev/fuse (--fuse-transport).",
+            u64::from(self.on.load(Ordering::Relaxed)),
+        ));
+        out.value(Value::counter(
+            "fuse_ring_requests",
+            "FUSE requests served through the io_uring rings.",
+            self.requests(),
+        ));
+        out.value(Value::counter(
+            "fuse_ring_entries_refused",
+            "Ring entries the kernel refused (their requests then go over /dev/fuse).",
+            self.refused(),
+        ));
+    }
+}
+
+impl Stats {
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// The rings of a mount, made before it asks the kernel for the transport.
+pub struct Rings {
+    rings: Vec<Ring>,
+}
+
+impl Rings {
+    /// `workers` rings, each with one entry of [`PAYLOAD`] bytes per kernel queue.
+    pub fn new(workers: usize) -> io::Result<Rings> {
+        let queues = probe::queues();
+        let rings = (0..workers.max(1))
+            .map(|_| Ring::new(queues, PAYLOAD))
+            .collect::<io::Result<_>>()?;
+        Ok(Rings { rings })
+    }
+
+    /// Start serving the connection `dev` (a `/dev/fuse` fd of the mount, after INIT granted
+    /// the transport): one thread per ring, each ending when the connection does.
+    pub fn start<FS: fuser::Filesystem>(
+        self,
+        dev: OwnedFd,
+        dispatcher: fuser::Dispatcher<FS>,
+        stats: Arc<Stats>,
+    ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+        let dev = Arc::new(dev);
+        stats.on.store(true, Ordering::Relaxed);
+        let mut threads = Vec::with_capacity(self.rings.len());
+        for (i, ring) in self.rings.into_iter().enumerate() {
+            let (dev, dispatcher, stats) = (dev.clone(), dispatcher.clone(), stats.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("fuse-ring-{i}"))
+                .spawn(move || ring.serve(&dev, &dispatcher, &stats))?;
+            threads.push(t);
+        }
+        Ok(threads)
+    }
+}

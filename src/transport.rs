@@ -1,0 +1,89 @@
+//! The FUSE transport of a mount (`--fuse-transport`): io_uring rings when they are asked for
+//! and the kernel offers them, else `/dev/fuse`. The rings are made before the mount asks the
+//! kernel for them at INIT (a mount granted the transport that cannot register its entries
+//! would hang), and start once the session runs, beside its `/dev/fuse` threads (the kernel
+//! still sends FORGET, INTERRUPT and the requests of before the rings there).
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use s3rdma_client::S3Client;
+use s3rdma_fs::fs::{control::FsControl, S3Fs};
+use s3rdma_fuse_uring::{Rings, Stats, PAYLOAD};
+use tracing::{info, warn};
+
+use crate::cli::{FuseTransport, Settings};
+
+/// `/dev/fuse` threads beside the rings.
+const DEV_THREADS_WITH_RINGS: usize = 2;
+
+/// How a mount's FUSE requests will reach it.
+pub struct Transport {
+    rings: Option<Rings>,
+    pub stats: Arc<Stats>,
+}
+
+impl Transport {
+    /// The transport `--fuse-transport` asks for, as far as the kernel offers it: `uring`
+    /// without it is the one-line error that names the switch; `auto` says in one INFO line
+    /// why it serves over `/dev/fuse`.
+    pub fn choose(settings: &Settings) -> Result<Transport, String> {
+        let want = settings.kernel.fuse_transport;
+        let rings = match want {
+            FuseTransport::Dev => None,
+            FuseTransport::Uring | FuseTransport::Auto => {
+                let made = s3rdma_fuse_uring::offered()
+                    .map_err(|why| why.to_string())
+                    .and_then(|()| {
+                        Rings::new(settings.kernel.max_threads).map_err(|e| {
+                            format!("cannot make the io_uring rings: {e}; use --fuse-transport dev")
+                        })
+                    });
+                match made {
+                    Ok(rings) => Some(rings),
+                    Err(why) if want == FuseTransport::Uring => return Err(why),
+                    Err(why) => {
+                        info!("FUSE requests go over /dev/fuse ({why})");
+                        None
+                    }
+                }
+            }
+        };
+        Ok(Transport {
+            rings,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The `max_write` INIT asks for with the rings (their entries' payload); None without.
+    pub fn ring_max_write(&self) -> Option<u32> {
+        self.rings.as_ref().map(|_| PAYLOAD as u32)
+    }
+
+    /// The session's `/dev/fuse` threads: all of `--max-threads` without rings.
+    pub fn dev_threads(&self, max_threads: usize) -> usize {
+        if self.rings.is_some() {
+            DEV_THREADS_WITH_RINGS.min(max_threads)
+        } else {
+            max_threads
+        }
+    }
+
+    /// Serve the session until it ends: with the rings when the kernel granted them at INIT.
+    pub fn run(
+        self,
+        session: fuser::Session<S3Fs<S3Client>>,
+        control: &FsControl<S3Client>,
+    ) -> std::io::Result<()> {
+        let Some(rings) = self.rings else {
+            return session.run();
+        };
+        if !control.ring_granted() {
+            warn!("serving over /dev/fuse with {DEV_THREADS_WITH_RINGS} threads: the kernel did not grant FUSE over io_uring");
+            return session.run();
+        }
+        let dev = session.as_fd().try_clone_to_owned()?;
+        let stats = self.stats;
+        session.run_with(move |dispatcher| rings.start(dev, dispatcher, stats))
+    }
+}
