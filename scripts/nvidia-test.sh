@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The `nvidia` build, compiled, linked and run against NVIDIA's real cuObject library in a
-# target directory of its own (target/nvidia), on a host without GPU or RDMA NIC: the SDK comes
-# from CUOBJ_HOME (default: ../shared/cuobject-sdk, the test fixture beside the checkout). It
+# The `nvidia` build, compiled, linked and run against NVIDIA's real cuObject library, on a host
+# without GPU or RDMA NIC: the SDK comes from CUOBJ_HOME (default: ../shared/cuobject-sdk, the
+# test fixture beside the checkout). It
 # checks that the binary starts with only the runtime packages (no LD_LIBRARY_PATH: an RPATH,
 # not a RUNPATH), reports the library and its limit, and never hangs on the client's
 # construction (cuobj-ffi's nvidia tests; tests/integration/nvidia.rs). Needs
@@ -17,10 +17,12 @@ if [ ! -f "$CUOBJ_HOME/include/cuobjclient.h" ]; then
   echo "nvidia-test: skipped: no cuObject SDK in $CUOBJ_HOME (set CUOBJ_HOME to one)" >&2
   exit 0
 fi
-export CARGO_TARGET_DIR="$PWD/target/nvidia"
-echo "== nvidia build (CUOBJ_HOME=$CUOBJ_HOME, target $CARGO_TARGET_DIR)"
+# The usual target directory: only cuobj-ffi and the crates above it are compiled again with
+# the feature (a directory of its own compiled every dependency a second time: minutes on CI's
+# two cores). target/release/s3rdma is the nvidia build afterwards, until the next cargo build.
+echo "== nvidia build (CUOBJ_HOME=$CUOBJ_HOME)"
 cargo build --release --locked -p s3rdma --features nvidia --bins
-bin="$CARGO_TARGET_DIR/release/s3rdma"
+bin="$PWD/target/release/s3rdma"
 # The library's directory is an RPATH (it also covers libcuobjclient's own libcufile.so.0).
 if ! readelf -d "$bin" | grep -q '(RPATH)'; then
   echo "nvidia-test: $bin has no RPATH:" >&2

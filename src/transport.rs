@@ -1,5 +1,5 @@
 //! The FUSE transport of a mount (`--fuse-transport`): io_uring rings when they are asked for
-//! and the kernel offers them, else `/dev/fuse`. The rings are made before the mount asks the
+//! (`uring`; `auto` keeps `/dev/fuse` until the rings measure ahead of it), else `/dev/fuse`. The rings are made before the mount asks the
 //! kernel for them at INIT (a mount granted the transport that cannot register its entries
 //! would hang), and start once the session runs, beside its `/dev/fuse` threads (the kernel
 //! still sends FORGET, INTERRUPT and the requests of before the rings there).
@@ -14,6 +14,11 @@ use tracing::{info, warn};
 
 use crate::cli::{FuseTransport, Settings};
 
+/// Why `auto` serves over `/dev/fuse` where the kernel offers the rings: they do not measure
+/// ahead of it yet (docs/performance.md, "FUSE over io_uring").
+const AUTO_KEEPS_DEV: &str = "the kernel offers FUSE over io_uring, but auto keeps /dev/fuse \
+     until the rings measure ahead of it; --fuse-transport uring uses them";
+
 /// `/dev/fuse` threads beside the rings.
 const DEV_THREADS_WITH_RINGS: usize = 2;
 
@@ -24,35 +29,33 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// The transport `--fuse-transport` asks for, as far as the kernel offers it: `uring`
-    /// without it is the one-line error that names the switch; `auto` says in one INFO line
-    /// why it serves over `/dev/fuse`.
+    /// The transport `--fuse-transport` asks for: `uring` where the kernel does not offer it
+    /// is the one-line error that names the switch; `auto` serves over `/dev/fuse` (the rings
+    /// do not measure ahead of it yet) and says why in one INFO line.
     pub fn choose(settings: &Settings) -> Result<Transport, String> {
-        let want = settings.kernel.fuse_transport;
-        let rings = match want {
+        let rings = match settings.kernel.fuse_transport {
             FuseTransport::Dev => None,
-            FuseTransport::Uring | FuseTransport::Auto => {
-                let made = s3rdma_fuse_uring::offered()
-                    .map_err(|why| why.to_string())
-                    .and_then(|()| {
-                        Rings::new(settings.kernel.max_threads).map_err(|e| {
-                            format!("cannot make the io_uring rings: {e}; use --fuse-transport dev")
-                        })
-                    });
-                match made {
-                    Ok(rings) => Some(rings),
-                    Err(why) if want == FuseTransport::Uring => return Err(why),
-                    Err(why) => {
-                        info!("FUSE requests go over /dev/fuse ({why})");
-                        None
-                    }
-                }
+            FuseTransport::Uring => Some(Self::make_rings(settings)?),
+            FuseTransport::Auto => {
+                let why = match s3rdma_fuse_uring::offered() {
+                    Ok(()) => AUTO_KEEPS_DEV.to_string(),
+                    Err(why) => why.to_string(),
+                };
+                info!("FUSE requests go over /dev/fuse ({why})");
+                None
             }
         };
         Ok(Transport {
             rings,
             stats: Arc::default(),
         })
+    }
+
+    /// The rings `uring` asks for, or the one line that says why there are none.
+    fn make_rings(settings: &Settings) -> Result<Rings, String> {
+        s3rdma_fuse_uring::offered().map_err(|why| why.to_string())?;
+        Rings::new(settings.kernel.max_threads)
+            .map_err(|e| format!("cannot make the io_uring rings: {e}; use --fuse-transport dev"))
     }
 
     /// The `max_write` INIT asks for with the rings (their entries' payload); None without.

@@ -257,7 +257,7 @@ pub struct Cli {
 
     /// How FUSE requests reach the daemon: `uring` (io_uring rings, Linux 6.14+, switched on by
     /// /sys/module/fuse/parameters/enable_uring; refuses to mount without), `dev` (/dev/fuse),
-    /// `auto` (the rings when the kernel offers them, else /dev/fuse)
+    /// `auto` (/dev/fuse until the rings measure ahead of it)
     #[arg(
         long,
         value_name = "MODE",
@@ -487,7 +487,7 @@ pub struct Kernel {
 /// How FUSE requests reach the daemon (`--fuse-transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FuseTransport {
-    /// io_uring rings when the kernel offers them, else /dev/fuse.
+    /// /dev/fuse, until the rings measure ahead of it (then: the rings where offered).
     Auto,
     /// io_uring rings (FUSE over io_uring), or no mount.
     Uring,

@@ -1,8 +1,9 @@
 //! One ring entry: the two buffers it registers with the kernel (the header area and the
-//! payload), page-aligned in one allocation that never moves while the kernel may write
-//! into it, and the `iovec` pair REGISTER points at.
+//! payload), page-aligned in one anonymous mapping that never moves while the kernel may
+//! write into it (and whose pages exist only once written: an idle mount does not hold a
+//! megabyte per entry), and the `iovec` pair REGISTER points at.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::io;
 use std::ptr::NonNull;
 
 use crate::abi::ReqHeader;
@@ -12,7 +13,7 @@ const PAGE: usize = 4096;
 /// The buffers of one entry of queue `qid`.
 pub struct Entry {
     base: NonNull<u8>,
-    layout: Layout,
+    len: usize,
     payload_len: usize,
     iov: Box<[libc::iovec; 2]>,
     pub qid: u16,
@@ -25,13 +26,25 @@ unsafe impl Send for Entry {}
 impl Entry {
     /// An entry of queue `qid` with `payload_len` bytes of payload (at least what the
     /// kernel asks: `max(8 KiB, max_write, max_pages × page)`).
-    pub fn new(qid: u16, payload_len: usize) -> Self {
+    pub fn new(qid: u16, payload_len: usize) -> io::Result<Self> {
         let payload_len = payload_len.next_multiple_of(PAGE);
-        let layout = Layout::from_size_align(PAGE + payload_len, PAGE)
-            .unwrap_or_else(|_| panic!("a ring entry of {payload_len} bytes"));
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
-        let base = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let len = PAGE + payload_len;
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base =
+            NonNull::new(raw.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
         let iov = Box::new([
             libc::iovec {
                 iov_base: base.as_ptr().cast(),
@@ -43,13 +56,13 @@ impl Entry {
                 iov_len: payload_len,
             },
         ]);
-        Entry {
+        Ok(Entry {
             base,
-            layout,
+            len,
             payload_len,
             iov,
             qid,
-        }
+        })
     }
 
     /// What REGISTER's `addr` points at: the two buffers.
@@ -82,9 +95,9 @@ impl Entry {
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout; the kernel let go of the entry when its
+        // SAFETY: mapped in `new` with this length; the kernel let go of the entry when its
         // last command completed (the worker drops entries only after that, or never
         // registered them).
-        unsafe { dealloc(self.base.as_ptr(), self.layout) }
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }

@@ -74,6 +74,19 @@ impl Stats {
     }
 }
 
+/// The kernel queues worker `w` of `workers` holds an entry of. Every queue needs one (the
+/// kernel uses the rings only once each has), and a worker with two entries may hold up a
+/// request in one while it serves the other: with at least as many workers as queues, each
+/// worker holds one entry (queue `w mod queues`: `workers / queues` entries per queue), else
+/// the queues are dealt round.
+fn queues_of(w: usize, workers: usize, queues: usize) -> Vec<u16> {
+    if workers >= queues {
+        vec![(w % queues) as u16]
+    } else {
+        (w..queues).step_by(workers).map(|q| q as u16).collect()
+    }
+}
+
 /// The rings of a mount, made before it asks the kernel for the transport.
 pub struct Rings {
     rings: Vec<Ring>,
@@ -82,9 +95,9 @@ pub struct Rings {
 impl Rings {
     /// `workers` rings, each with one entry of [`PAYLOAD`] bytes per kernel queue.
     pub fn new(workers: usize) -> io::Result<Rings> {
-        let queues = probe::queues();
-        let rings = (0..workers.max(1))
-            .map(|_| Ring::new(queues, PAYLOAD))
+        let (queues, workers) = (probe::queues(), workers.max(1));
+        let rings = (0..workers)
+            .map(|w| Ring::new(&queues_of(w, workers, queues), PAYLOAD))
             .collect::<io::Result<_>>()?;
         Ok(Rings { rings })
     }
@@ -108,5 +121,29 @@ impl Rings {
             threads.push(t);
         }
         Ok(threads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queues_of;
+
+    #[test]
+    fn every_queue_has_entries_and_workers_hold_one_where_they_can() {
+        for (workers, queues) in [(16, 2), (2, 2), (1, 1), (3, 8), (16, 64), (5, 3)] {
+            let all: Vec<Vec<u16>> = (0..workers)
+                .map(|w| queues_of(w, workers, queues))
+                .collect();
+            for q in 0..queues as u16 {
+                assert!(
+                    all.iter().any(|e| e.contains(&q)),
+                    "{workers}/{queues}: queue {q}"
+                );
+            }
+            if workers >= queues {
+                assert!(all.iter().all(|e| e.len() == 1), "{workers}/{queues}");
+            }
+            assert!(all.iter().all(|e| !e.is_empty()), "{workers}/{queues}");
+        }
     }
 }

@@ -30,17 +30,18 @@ struct Slot {
 }
 
 impl Ring {
-    /// A ring with one entry of `payload` bytes for each of the kernel's `queues`.
-    pub fn new(queues: usize, payload: usize) -> io::Result<Ring> {
-        let depth = (queues as u32 * 2).next_power_of_two();
+    /// A ring with one entry of `payload` bytes for each of the kernel queues `qids`.
+    pub fn new(qids: &[u16], payload: usize) -> io::Result<Ring> {
+        let depth = (qids.len() as u32 * 2).next_power_of_two();
         let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(depth)?;
-        let entries = (0..queues)
-            .map(|q| {
-                let entry = Entry::new(q as u16, payload);
+        let entries = qids
+            .iter()
+            .map(|&q| {
+                let entry = Entry::new(q, payload)?;
                 let sink = Arc::new(Sink::new(&entry));
-                Slot { entry, sink }
+                Ok(Slot { entry, sink })
             })
-            .collect();
+            .collect::<io::Result<_>>()?;
         Ok(Ring { uring, entries })
     }
 
