@@ -24,7 +24,7 @@ const DEV_THREADS_WITH_RINGS: usize = 2;
 
 /// How a mount's FUSE requests will reach it.
 pub struct Transport {
-    rings: Option<Rings>,
+    rings: Option<Rings<S3Fs<S3Client>>>,
     pub stats: Arc<Stats>,
 }
 
@@ -33,9 +33,10 @@ impl Transport {
     /// is the one-line error that names the switch; `auto` serves over `/dev/fuse` (the rings
     /// do not measure ahead of it yet) and says why in one INFO line.
     pub fn choose(settings: &Settings) -> Result<Transport, String> {
+        let stats = Arc::<Stats>::default();
         let rings = match settings.kernel.fuse_transport {
             FuseTransport::Dev => None,
-            FuseTransport::Uring => Some(Self::make_rings(settings)?),
+            FuseTransport::Uring => Some(Self::make_rings(settings, &stats)?),
             FuseTransport::Auto => {
                 let why = match s3rdma_fuse_uring::offered() {
                     Ok(()) => AUTO_KEEPS_DEV.to_string(),
@@ -45,16 +46,16 @@ impl Transport {
                 None
             }
         };
-        Ok(Transport {
-            rings,
-            stats: Arc::default(),
-        })
+        Ok(Transport { rings, stats })
     }
 
     /// The rings `uring` asks for, or the one line that says why there are none.
-    fn make_rings(settings: &Settings) -> Result<Rings, String> {
+    fn make_rings(
+        settings: &Settings,
+        stats: &Arc<Stats>,
+    ) -> Result<Rings<S3Fs<S3Client>>, String> {
         s3rdma_fuse_uring::offered().map_err(|why| why.to_string())?;
-        Rings::new(settings.kernel.max_threads)
+        Rings::new(settings.kernel.max_threads, stats.clone())
             .map_err(|e| format!("cannot make the io_uring rings: {e}; use --fuse-transport dev"))
     }
 
@@ -86,7 +87,6 @@ impl Transport {
             return session.run();
         }
         let dev = session.as_fd().try_clone_to_owned()?;
-        let stats = self.stats;
-        session.run_with(move |dispatcher| rings.start(dev, dispatcher, stats))
+        session.run_with(move |dispatcher| Ok(rings.serve(dev, dispatcher)))
     }
 }

@@ -22,7 +22,7 @@ mod ring;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 pub use probe::{offered, NotOffered};
@@ -87,40 +87,76 @@ fn queues_of(w: usize, workers: usize, queues: usize) -> Vec<u16> {
     }
 }
 
-/// The rings of a mount, made before it asks the kernel for the transport.
-pub struct Rings {
-    rings: Vec<Ring>,
+/// The rings of a mount, each with its thread, made and started before the mount asks the
+/// kernel for the transport: a mount granted the rings whose entries are never registered
+/// would wait forever, so nothing that can fail (memory, io_uring, a thread) is left for after
+/// INIT. The threads wait for [`Rings::serve`] (or for the rings to be dropped: they end).
+pub struct Rings<FS: fuser::Filesystem> {
+    go: Vec<mpsc::Sender<Connection<FS>>>,
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    stats: Arc<Stats>,
 }
 
-impl Rings {
-    /// `workers` rings, each with one entry of [`PAYLOAD`] bytes per kernel queue.
-    pub fn new(workers: usize) -> io::Result<Rings> {
+/// What a ring thread serves: the connection's fd and the session's dispatcher.
+struct Connection<FS: fuser::Filesystem> {
+    dev: Arc<OwnedFd>,
+    dispatcher: fuser::Dispatcher<FS>,
+}
+
+impl<FS: fuser::Filesystem> Rings<FS> {
+    /// `workers` rings with their threads; see [`queues_of`] for their entries.
+    pub fn new(workers: usize, stats: Arc<Stats>) -> io::Result<Rings<FS>> {
         let (queues, workers) = (probe::queues(), workers.max(1));
-        let rings = (0..workers)
-            .map(|w| Ring::new(&queues_of(w, workers, queues), PAYLOAD))
-            .collect::<io::Result<_>>()?;
-        Ok(Rings { rings })
+        let mut rings = Rings {
+            go: Vec::with_capacity(workers),
+            threads: Vec::with_capacity(workers),
+            stats,
+        };
+        for w in 0..workers {
+            let ring = Ring::new(&queues_of(w, workers, queues), PAYLOAD)?;
+            let (go, wait) = mpsc::channel::<Connection<FS>>();
+            let stats = rings.stats.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("fuse-ring-{w}"))
+                .spawn(move || match wait.recv() {
+                    Ok(c) => ring.serve(&c.dev, &c.dispatcher, &stats),
+                    // Not granted, or the mount did not start: nothing was registered.
+                    Err(_) => Ok(()),
+                })?;
+            rings.go.push(go);
+            rings.threads.push(t);
+        }
+        Ok(rings)
     }
 
-    /// Start serving the connection `dev` (a `/dev/fuse` fd of the mount, after INIT granted
-    /// the transport): one thread per ring, each ending when the connection does.
-    pub fn start<FS: fuser::Filesystem>(
-        self,
+    /// Serve the connection `dev` (a `/dev/fuse` fd of the mount, after INIT granted the
+    /// transport): each ring registers its entries; its thread ends when the connection does.
+    pub fn serve(
+        mut self,
         dev: OwnedFd,
         dispatcher: fuser::Dispatcher<FS>,
-        stats: Arc<Stats>,
-    ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    ) -> Vec<JoinHandle<io::Result<()>>> {
         let dev = Arc::new(dev);
-        stats.on.store(true, Ordering::Relaxed);
-        let mut threads = Vec::with_capacity(self.rings.len());
-        for (i, ring) in self.rings.into_iter().enumerate() {
-            let (dev, dispatcher, stats) = (dev.clone(), dispatcher.clone(), stats.clone());
-            let t = std::thread::Builder::new()
-                .name(format!("fuse-ring-{i}"))
-                .spawn(move || ring.serve(&dev, &dispatcher, &stats))?;
-            threads.push(t);
+        self.stats.on.store(true, Ordering::Relaxed);
+        for go in self.go.drain(..) {
+            let c = Connection {
+                dev: dev.clone(),
+                dispatcher: dispatcher.clone(),
+            };
+            // A thread that is gone took its ring with it (it cannot have registered).
+            let _ = go.send(c);
         }
-        Ok(threads)
+        std::mem::take(&mut self.threads)
+    }
+}
+
+impl<FS: fuser::Filesystem> Drop for Rings<FS> {
+    /// Rings never served: their threads end without registering anything.
+    fn drop(&mut self) {
+        self.go.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 
