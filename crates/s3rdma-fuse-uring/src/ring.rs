@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use crate::abi::{self, CmdReq, ReqHeader};
 use crate::entry::Entry;
@@ -136,10 +136,19 @@ impl Ring {
             }
         };
         slot.sink.arm();
-        let served = dispatcher.dispatch(request, slot.sink.clone());
+        // A handler that panics must not unwind through the ring: the kernel still holds this
+        // worker's other entries (their memory must outlive it), and the request needs an
+        // answer.
+        let sink = slot.sink.clone();
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            dispatcher.dispatch(request, sink)
+        }));
+        if served.is_err() {
+            error!("a FUSE handler panicked on a ring request; answered EIO");
+        }
         if !slot.sink.disarm() {
-            // Not answered while it was served (an invalid request, or a reply too large
-            // for the entry): the kernel still needs an answer.
+            // Not answered while it was served (an invalid request, a reply too large for
+            // the entry, a panic): the kernel still needs an answer.
             debug!(?served, "a ring request was not answered; answered EIO");
             let (header, _) = slot.entry.parts();
             fail(header, commit_id, libc::EIO);
