@@ -1,8 +1,9 @@
 //! The FUSE transport of a mount (`--fuse-transport`): io_uring rings when they are asked for
-//! (`uring`; `auto` keeps `/dev/fuse` until the rings measure ahead of it), else `/dev/fuse`. The rings are made before the mount asks the
-//! kernel for them at INIT (a mount granted the transport that cannot register its entries
-//! would hang), and start once the session runs, beside its `/dev/fuse` threads (the kernel
-//! still sends FORGET, INTERRUPT and the requests of before the rings there).
+//! (`uring`; `auto` keeps `/dev/fuse` until the rings measure ahead of it), else `/dev/fuse`.
+//! The rings and their threads are made before the mount asks the kernel for them at INIT (a
+//! mount granted the transport that cannot register its entries would hang), and serve once
+//! the session runs, beside its `/dev/fuse` threads (the kernel still sends FORGET, INTERRUPT
+//! and the requests of before the rings there).
 
 use std::os::fd::AsFd;
 use std::sync::Arc;

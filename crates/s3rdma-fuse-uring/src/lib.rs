@@ -3,8 +3,9 @@
 //! command that fetches the next request.
 //!
 //! After the usual INIT over `/dev/fuse` (where the file system asks for
-//! `FUSE_OVER_IO_URING`), each of `workers` threads registers one entry per kernel queue (one
-//! queue per possible CPU) on its own ring, then serves what arrives in them through fuser's
+//! `FUSE_OVER_IO_URING`), each of `workers` threads registers its entry (of one kernel queue;
+//! the kernel has one per possible CPU; see `queues_of`) on its own ring, then serves what
+//! arrives in it through fuser's
 //! `Dispatcher` (a patch of fuser 0.18: `vendor/fuser/PATCHES.md`) with the same `Filesystem`
 //! the `/dev/fuse` threads serve: the file-system code does not know the transport.
 //! FORGET, INTERRUPT and notifications still travel over `/dev/fuse`, as the kernel wants.

@@ -1,4 +1,5 @@
-//! One ring worker: its own io_uring holding one entry per kernel queue. It waits for a
+//! One ring worker: its own io_uring holding its entries (one, where the workers are at least
+//! as many as the kernel's queues). It waits for a
 //! request, serves it on its own thread (the file system's handlers block, as on the
 //! `/dev/fuse` path), puts the reply into the entry and commits it together with the next
 //! wait: one `io_uring_enter` per request where `/dev/fuse` takes a `read` and a `writev`.

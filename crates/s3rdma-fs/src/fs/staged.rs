@@ -358,7 +358,11 @@ impl<S: ObjectStore> S3Fs<S> {
                     warn!(key, "the object changed on the server since it was opened; the rename is refused (ESTALE)");
                     return Err(Errno::ESTALE.into());
                 }
-                let meta = info.meta.clone().unwrap_or_default();
+                // The file's attributes as this mount stored them, not HEAD's: right after an
+                // attribute change stored by a copy onto itself, a HEAD may still answer the
+                // old attributes under the same ETag (SeaweedFS does), and `rsync`'s chmod and
+                // utimes before its rename would be lost.
+                let meta = s.file.stat().meta;
                 let new = self
                     .s3
                     .copy_object(&info, dst_key, &meta, self.cfg.multipart_copy_threshold)
