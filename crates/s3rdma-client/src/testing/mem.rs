@@ -205,6 +205,19 @@ impl MemStore {
         etag
     }
 
+    /// What SeaweedFS answers a HEAD with right after an attribute change stored by a copy
+    /// onto itself: older attributes `meta` under the same ETag. Replaces the stored attributes
+    /// of `key` without changing its ETag (not counted); whether it was there.
+    pub fn stale_meta_external(&self, key: &str, meta: FileMeta) -> bool {
+        match self.lock().objects.get_mut(key) {
+            Some(o) => {
+                o.meta = meta;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Another client deletes `key` (not counted); whether it was there.
     pub fn delete_external(&self, key: &str) -> bool {
         self.lock().objects.remove(key).is_some()

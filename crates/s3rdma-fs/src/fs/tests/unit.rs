@@ -305,6 +305,34 @@ fn rename_is_a_conditional_copy_then_a_delete() {
 }
 
 // [S-NS-RENAME]
+// [S-NS-RENAME] rsync's way: a staged file stored, its mode changed, renamed to its name.
+// The rename copies the attributes the file stored, not a HEAD's, which SeaweedFS may answer
+// with older ones under the same ETag right after an attribute change.
+#[test]
+fn a_staged_file_renamed_keeps_the_attributes_it_stored() {
+    let fx = Fx::new();
+    let fh = fx.open_with(".f.tmp", libc::O_RDWR).unwrap();
+    fx.fs
+        .serve("write", fx.fs.do_write(fh, 0, b"data"))
+        .unwrap();
+    fx.fs.serve("fsync", fx.fs.do_fsync(fh)).unwrap();
+    let mode = SetAttr {
+        mode: Some(0o751),
+        ..SetAttr::default()
+    };
+    fx.setattr(".f.tmp", mode).unwrap();
+    fx.fs.serve("fsync", fx.fs.do_fsync(fh)).unwrap();
+    let stored = fx.mem().info(".f.tmp").expect("stored").meta;
+    assert_eq!(stored.as_ref().and_then(|m| m.mode), Some(0o751));
+    assert!(fx.mem().stale_meta_external(".f.tmp", Default::default()));
+    // Renamed while still open (the kernel sends RELEASE after the close returns).
+    fx.rename(".f.tmp", "f").unwrap();
+    fx.close(fh).unwrap();
+    let meta = fx.mem().info("f").expect("renamed").meta;
+    assert_eq!(meta.and_then(|m| m.mode), Some(0o751));
+    assert_eq!(fx.mem().data("f").unwrap(), b"data");
+}
+
 #[test]
 fn a_renames_delete_runs_in_the_background_and_the_old_name_waits_for_it() {
     let fx = Fx::new();
