@@ -56,7 +56,11 @@ impl Transport {
         stats: &Arc<Stats>,
     ) -> Result<Rings<S3Fs<S3Client>>, String> {
         s3rdma_fuse_uring::offered().map_err(|why| why.to_string())?;
-        Rings::new(settings.kernel.max_threads, stats.clone())
+        let queues = s3rdma_fuse_uring::probe::queues();
+        let depth = settings.kernel.fuse_queue_depth.unwrap_or_else(|| {
+            s3rdma_fuse_uring::default_depth(settings.kernel.max_threads, queues)
+        });
+        Rings::new(queues, depth, stats.clone())
             .map_err(|e| format!("cannot make the io_uring rings: {e}; use --fuse-transport dev"))
     }
 

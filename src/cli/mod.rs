@@ -267,6 +267,11 @@ pub struct Cli {
     )]
     pub fuse_transport: FuseTransport,
 
+    /// With the io_uring transport: ring entries (each with its worker thread) per kernel
+    /// queue, one queue per CPU [default: --max-threads shared among the queues, at least 1]
+    #[arg(long, value_name = "N", help_heading = "Mount")]
+    pub fuse_queue_depth: Option<usize>,
+
     /// On SIGTERM/SIGINT: how long files open for writing get to be closed (and stored) before
     /// their uploads are aborted and the mount is detached
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Mount", default_value = "30s")]
@@ -481,6 +486,8 @@ pub struct Kernel {
     /// FUSE worker threads.
     pub max_threads: usize,
     pub fuse_transport: FuseTransport,
+    /// Ring entries per kernel queue (`--fuse-queue-depth`); None: from `max_threads`.
+    pub fuse_queue_depth: Option<usize>,
     pub kernel_flags: Vec<MountOption>,
 }
 
@@ -668,6 +675,9 @@ fn read_memory(cli: &Cli) -> Result<(u64, u64), String> {
 /// Counts, times and ids within their ranges.
 fn check_ranges(cli: &Cli) -> Result<(), String> {
     in_range("max threads", cli.max_threads, 1, 1024)?;
+    if let Some(depth) = cli.fuse_queue_depth {
+        in_range("fuse queue depth", depth, 1, 256)?;
+    }
     in_range("max attempts", cli.max_attempts, 1, 100)?;
     in_range("max inflight reads", cli.max_inflight_reads, 1, 1024)?;
     in_range("read ahead (KiB)", cli.read_ahead_kb, 0, 1 << 20)?;
@@ -865,6 +875,7 @@ impl Settings {
                 auto_unmount: cli.auto_unmount,
                 max_threads: cli.max_threads,
                 fuse_transport: cli.fuse_transport,
+                fuse_queue_depth: cli.fuse_queue_depth,
                 kernel_flags: cli.kernel_flag.iter().map(|f| kernel_flag(f)).collect(),
             },
             process: Process {
@@ -1261,6 +1272,8 @@ mod tests {
             ("max_dir_rename_keys", "many", "max dir rename keys"),
             ("log_level", "s3rdma=loud", "log level"),
             ("fuse_transport", "fast", "fuse transport"),
+            ("fuse_queue_depth", "0", "fuse queue depth"),
+            ("fuse_queue_depth", "257", "fuse queue depth"),
             ("cache_dir", "", "cache dir"),
             ("cache_dir_size", "1MiB", "cache dir size"),
             ("cache_dir_size", "lots", "cache dir size"),

@@ -20,9 +20,30 @@ fn served_by_rings(m: &Mount) -> bool {
     stat_value(&mount_stats(&m.path), "fuse_over_io_uring") == 1
 }
 
+/// The kernel's FUSE queues: one per possible CPU (the highest id plus one).
+fn kernel_queues() -> usize {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let top = list
+        .trim()
+        .split([',', '-'])
+        .filter_map(|n| n.parse::<usize>().ok())
+        .max();
+    top.unwrap() + 1
+}
+
+/// The daemon's threads named `fuse-ring-*` (one per ring entry).
+fn ring_threads(m: &Mount) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", m.pid())).unwrap();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("fuse-ring-"))
+        .count()
+}
+
 /// [S-FUSE-TRANSPORT] `uring` serves every request of a small workload through the rings
-/// (the counters say so) where the kernel offers them, and refuses to mount, in one line
-/// naming the switch, where it does not.
+/// (the counters say so) where the kernel offers them, with `--fuse-queue-depth` entries (and
+/// threads) per kernel queue, and refuses to mount, in one line naming the switch, where it
+/// does not.
 #[test]
 fn uring_serves_through_the_rings_or_refuses_naming_the_switch() {
     let b = bucket("transport-uring");
@@ -48,7 +69,11 @@ fn uring_serves_through_the_rings_or_refuses_naming_the_switch() {
         assert!(!is_mounted(&mnt));
         return;
     }
-    let m = Mount::new(&b, &["--fuse-transport", "uring"]);
+    let m = Mount::new(
+        &b,
+        &["--fuse-transport", "uring", "--fuse-queue-depth", "3"],
+    );
+    assert_eq!(ring_threads(&m), kernel_queues() * 3);
     assert_eq!(std::fs::read(m.join("a")).unwrap(), pattern(3 << 20, 1));
     std::fs::write(m.join("w"), pattern(5 << 20, 2)).unwrap();
     std::fs::create_dir(m.join("d")).unwrap();

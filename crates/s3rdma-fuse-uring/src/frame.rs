@@ -116,14 +116,14 @@ pub fn reply(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Requests and their replies as a 6.18 kernel and s3rdma exchanged them over `/dev/fuse`
     /// (recorded with strace on a mount: `cat`, `stat`, `printf > new.txt`, `mkdir`), with the
     /// length of each request's first argument (its per-opcode header: what the kernel puts in
     /// `op_in`; the rest goes to the payload).
-    const RECORDED: &[(&str, usize, &str, &str)] = &[
+    pub(crate) const RECORDED: &[(&str, usize, &str, &str)] = &[
         ("GETATTR", 16, "3800000003000000040000000000000001000000000000000000000000000000c37400000000000000000000000000000000000000000000",
          "78000000000000000400000000000000010000000000000000000000000000000100000000000000000000000000000000000000000000002a0c176b000000002a0c176b000000002a0c176b0000000025d5dd1725d5dd1725d5dd17ed410000020000000000000000000000000000000000100000000000"),
         ("LOOKUP", 0, "3200000001000000060000000000000001000000000000000000000000000000c37400000000000068656c6c6f2e74787400",
@@ -138,7 +138,7 @@ mod tests {
          "90000000000000001e00000000000000040000000000000000000000000000000100000000000000010000000000000000000000000000000400000000000000000000000000000000000000000000002a0c176b000000002a0c176b000000002a0c176b0000000025d5dd1725d5dd1725d5dd17ed410000020000000000000000000000000000000000100000000000"),
     ];
 
-    fn unhex(s: &str) -> Vec<u8> {
+    pub(crate) fn unhex(s: &str) -> Vec<u8> {
         (0..s.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
@@ -146,7 +146,7 @@ mod tests {
     }
 
     /// What the kernel puts into an entry for `wire` (`fuse_uring_args_to_ring`).
-    fn as_kernel_sends(wire: &[u8], op_len: usize) -> (ReqHeader, Vec<u8>) {
+    pub(crate) fn as_kernel_sends(wire: &[u8], op_len: usize) -> (ReqHeader, Vec<u8>) {
         let mut h = ReqHeader::default();
         h.in_out[..IN_HEADER_LEN].copy_from_slice(&wire[..IN_HEADER_LEN]);
         h.op_in[..op_len].copy_from_slice(&wire[IN_HEADER_LEN..IN_HEADER_LEN + op_len]);

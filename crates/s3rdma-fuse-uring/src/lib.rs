@@ -3,8 +3,8 @@
 //! command that fetches the next request.
 //!
 //! After the usual INIT over `/dev/fuse` (where the file system asks for
-//! `FUSE_OVER_IO_URING`), each of `workers` threads registers its entry (of one kernel queue;
-//! the kernel has one per possible CPU; see `queues_of`) on its own ring, then serves what
+//! `FUSE_OVER_IO_URING`), each of `queues × depth` threads registers its entry (of one kernel
+//! queue; the kernel has one per possible CPU; see `queue_of`) on its own ring, then serves what
 //! arrives in it through fuser's
 //! `Dispatcher` (a patch of fuser 0.18: `vendor/fuser/PATCHES.md`) with the same `Filesystem`
 //! the `/dev/fuse` threads serve: the file-system code does not know the transport.
@@ -75,17 +75,18 @@ impl Stats {
     }
 }
 
-/// The kernel queues worker `w` of `workers` holds an entry of. Every queue needs one (the
-/// kernel uses the rings only once each has), and a worker with two entries may hold up a
-/// request in one while it serves the other: with at least as many workers as queues, each
-/// worker holds one entry (queue `w mod queues`: `workers / queues` entries per queue), else
-/// the queues are dealt round.
-fn queues_of(w: usize, workers: usize, queues: usize) -> Vec<u16> {
-    if workers >= queues {
-        vec![(w % queues) as u16]
-    } else {
-        (w..queues).step_by(workers).map(|q| q as u16).collect()
-    }
+/// The kernel queue ring worker `w` holds its entry of: workers are dealt round the queues, so
+/// `queues × depth` workers give each queue `depth` entries. Every queue needs one (the
+/// kernel uses the rings only once each has), and a worker holds one entry only: with two, a
+/// request could land in one while the worker serves the other, and wait behind it.
+fn queue_of(w: usize, queues: usize) -> u16 {
+    (w % queues) as u16
+}
+
+/// Entries per kernel queue when `--fuse-queue-depth` is not given: `--max-threads` shared
+/// among the queues, at least one each.
+pub fn default_depth(max_threads: usize, queues: usize) -> usize {
+    max_threads.div_ceil(queues.max(1)).max(1)
 }
 
 /// The rings of a mount, each with its thread, made and started before the mount asks the
@@ -105,16 +106,17 @@ struct Connection<FS: fuser::Filesystem> {
 }
 
 impl<FS: fuser::Filesystem> Rings<FS> {
-    /// `workers` rings with their threads; see [`queues_of`] for their entries.
-    pub fn new(workers: usize, stats: Arc<Stats>) -> io::Result<Rings<FS>> {
-        let (queues, workers) = (probe::queues(), workers.max(1));
+    /// `depth` rings with their threads for each of the kernel's `queues` (one entry each; see
+    /// [`queue_of`]).
+    pub fn new(queues: usize, depth: usize, stats: Arc<Stats>) -> io::Result<Rings<FS>> {
+        let (queues, workers) = (queues.max(1), queues.max(1) * depth.max(1));
         let mut rings = Rings {
             go: Vec::with_capacity(workers),
             threads: Vec::with_capacity(workers),
             stats,
         };
         for w in 0..workers {
-            let ring = Ring::new(&queues_of(w, workers, queues), PAYLOAD)?;
+            let ring = Ring::new(queue_of(w, queues), PAYLOAD)?;
             let (go, wait) = mpsc::channel::<Connection<FS>>();
             let stats = rings.stats.clone();
             let t = std::thread::Builder::new()
@@ -163,24 +165,27 @@ impl<FS: fuser::Filesystem> Drop for Rings<FS> {
 
 #[cfg(test)]
 mod tests {
-    use super::queues_of;
+    use super::{default_depth, queue_of};
 
     #[test]
-    fn every_queue_has_entries_and_workers_hold_one_where_they_can() {
-        for (workers, queues) in [(16, 2), (2, 2), (1, 1), (3, 8), (16, 64), (5, 3)] {
-            let all: Vec<Vec<u16>> = (0..workers)
-                .map(|w| queues_of(w, workers, queues))
-                .collect();
-            for q in 0..queues as u16 {
-                assert!(
-                    all.iter().any(|e| e.contains(&q)),
-                    "{workers}/{queues}: queue {q}"
-                );
+    fn every_queue_gets_depth_entries() {
+        for (queues, depth) in [(2, 8), (1, 1), (64, 1), (3, 5)] {
+            let mut per_queue = vec![0; queues];
+            for w in 0..queues * depth {
+                per_queue[usize::from(queue_of(w, queues))] += 1;
             }
-            if workers >= queues {
-                assert!(all.iter().all(|e| e.len() == 1), "{workers}/{queues}");
-            }
-            assert!(all.iter().all(|e| !e.is_empty()), "{workers}/{queues}");
+            assert!(
+                per_queue.iter().all(|&n| n == depth),
+                "{queues}×{depth}: {per_queue:?}"
+            );
         }
+    }
+
+    #[test]
+    fn the_default_depth_shares_the_threads_among_the_queues() {
+        assert_eq!(default_depth(16, 2), 8);
+        assert_eq!(default_depth(16, 3), 6);
+        assert_eq!(default_depth(16, 64), 1);
+        assert_eq!(default_depth(1, 1), 1);
     }
 }

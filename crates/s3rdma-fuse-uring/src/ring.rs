@@ -1,5 +1,4 @@
-//! One ring worker: its own io_uring holding its entries (one, where the workers are at least
-//! as many as the kernel's queues). It waits for a
+//! One ring worker: its own io_uring holding one entry of one kernel queue. It waits for a
 //! request, serves it on its own thread (the file system's handlers block, as on the
 //! `/dev/fuse` path), puts the reply into the entry and commits it together with the next
 //! wait: one `io_uring_enter` per request where `/dev/fuse` takes a `read` and a `writev`.
@@ -21,106 +20,105 @@ use crate::Stats;
 /// asks and then cannot register its entries would hang).
 pub struct Ring {
     uring: IoUring<squeue::Entry128, cqueue::Entry>,
-    entries: Vec<Slot>,
+    entry: Entry,
+    /// Where fuser sends the reply of the request being served.
+    sink: Arc<Sink>,
+    /// Where a request is put back together for the parser.
+    buf: RequestBuf,
 }
 
-/// An entry and the sink its requests reply through.
-struct Slot {
-    entry: Entry,
-    sink: Arc<Sink>,
+/// How a request is served: fuser's `Dispatcher` on a mount (a closure in the tests).
+pub trait Serve {
+    fn serve(&self, request: &[u8], sink: Arc<dyn fuser::ReplySink>) -> io::Result<()>;
+}
+
+impl<FS: fuser::Filesystem> Serve for fuser::Dispatcher<FS> {
+    fn serve(&self, request: &[u8], sink: Arc<dyn fuser::ReplySink>) -> io::Result<()> {
+        self.dispatch(request, sink)
+    }
+}
+
+/// The kernel no longer holds the entry (its last completion came), or still may.
+enum End {
+    Released,
+    Held,
 }
 
 impl Ring {
-    /// A ring with one entry of `payload` bytes for each of the kernel queues `qids`.
-    pub fn new(qids: &[u16], payload: usize) -> io::Result<Ring> {
-        let depth = (qids.len() as u32 * 2).next_power_of_two();
-        let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(depth)?;
-        let entries = qids
-            .iter()
-            .map(|&q| {
-                let entry = Entry::new(q, payload)?;
-                let sink = Arc::new(Sink::new(&entry));
-                Ok(Slot { entry, sink })
-            })
-            .collect::<io::Result<_>>()?;
-        Ok(Ring { uring, entries })
+    /// A ring with one entry of `payload` bytes of the kernel queue `qid`.
+    pub fn new(qid: u16, payload: usize) -> io::Result<Ring> {
+        let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
+        let entry = Entry::new(qid, payload)?;
+        let sink = Arc::new(Sink::new(&entry));
+        Ok(Ring {
+            uring,
+            entry,
+            sink,
+            buf: RequestBuf::new(64 << 10),
+        })
     }
 
-    /// Register the entries on the connection `dev` and serve its requests until the
+    /// Register the entry on the connection `dev` and serve its requests until the
     /// connection ends.
-    pub fn serve<FS: fuser::Filesystem>(
-        mut self,
-        dev: &OwnedFd,
-        dispatcher: &fuser::Dispatcher<FS>,
-        stats: &Stats,
-    ) -> io::Result<()> {
+    pub fn serve(mut self, dev: &OwnedFd, server: &impl Serve, stats: &Stats) -> io::Result<()> {
         let fd = types::Fd(dev.as_raw_fd());
-        for i in 0..self.entries.len() {
-            let sqe = register(fd, &self.entries[i].entry).user_data(i as u64);
-            self.push(&sqe)?;
+        let (end, result) = self.run(fd, server, stats);
+        if let End::Held = end {
+            // The kernel may still write into the entry: its memory is never freed.
+            warn!("a ring worker stopped while the kernel held its entry");
+            std::mem::forget(self.entry);
         }
-        let mut live = self.entries.len();
-        let mut buf = RequestBuf::new(64 << 10);
-        let mut done: Vec<(usize, i32)> = Vec::with_capacity(self.entries.len());
-        let end = loop {
+        result
+    }
+
+    fn run(&mut self, fd: types::Fd, server: &impl Serve, stats: &Stats) -> (End, io::Result<()>) {
+        let mut next = register(fd, &self.entry);
+        loop {
+            if let Err(e) = self.push(&next) {
+                return (End::Held, Err(e));
+            }
+            let res = match self.wait() {
+                Ok(res) => res,
+                Err(e) => return (End::Held, Err(e)),
+            };
+            next = if res == 0 {
+                commit_sqe(fd, self.answer(server, stats))
+            } else if res == -libc::EAGAIN || res == -libc::EINTR {
+                register(fd, &self.entry)
+            } else {
+                ended(res, stats);
+                return (End::Released, Ok(()));
+            };
+        }
+    }
+
+    /// Submit what is queued and wait for the entry's completion; its result.
+    fn wait(&mut self) -> io::Result<i32> {
+        loop {
             match self.uring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => break Err(e),
+                Err(e) => return Err(e),
             }
-            done.clear();
-            done.extend(
-                self.uring
-                    .completion()
-                    .map(|c| (c.user_data() as usize, c.result())),
-            );
-            for &(i, res) in &done {
-                if res == 0 {
-                    let commit = self.answer(i, dispatcher, &mut buf, stats);
-                    self.push(&commit_sqe(fd, commit).user_data(i as u64))?;
-                } else if res == -libc::EAGAIN || res == -libc::EINTR {
-                    let sqe = register(fd, &self.entries[i].entry).user_data(i as u64);
-                    self.push(&sqe)?;
-                } else {
-                    live -= 1;
-                    ended(res, stats);
-                }
+            if let Some(c) = self.uring.completion().next() {
+                return Ok(c.result());
             }
-            if live == 0 {
-                break Ok(());
-            }
-        };
-        if live > 0 {
-            // The kernel may still write into entries it holds: their memory is never freed.
-            warn!(
-                entries = live,
-                "a ring worker stopped while the kernel held some of its entries"
-            );
-            std::mem::forget(self.entries);
         }
-        end
     }
 
     fn push(&mut self, sqe: &squeue::Entry128) -> io::Result<()> {
-        // SAFETY: the SQE points at memory of this ring's entries (their iovecs and buffers),
-        // which outlives the command: entries are freed only after their last completion.
+        // SAFETY: the SQE points at memory of this ring's entry (its iovecs and buffers),
+        // which outlives the command: the entry is freed only after its last completion.
         while unsafe { self.uring.submission().push(sqe) }.is_err() {
             self.uring.submit()?;
         }
         Ok(())
     }
 
-    /// Serve the request entry `i` holds; the id its reply commits.
-    fn answer<FS: fuser::Filesystem>(
-        &mut self,
-        i: usize,
-        dispatcher: &fuser::Dispatcher<FS>,
-        buf: &mut RequestBuf,
-        stats: &Stats,
-    ) -> CmdReq {
-        let slot = &mut self.entries[i];
-        let qid = slot.entry.qid;
-        let (header, payload) = slot.entry.parts();
+    /// Serve the request the entry holds; the id its reply commits.
+    fn answer(&mut self, server: &impl Serve, stats: &Stats) -> CmdReq {
+        let qid = self.entry.qid;
+        let (header, payload) = self.entry.parts();
         let commit_id = header.ent.commit_id;
         let commit = CmdReq {
             commit_id,
@@ -128,7 +126,7 @@ impl Ring {
             ..CmdReq::default()
         };
         stats.requests.fetch_add(1, Ordering::Relaxed);
-        let request = match frame::request(header, payload, buf) {
+        let request = match frame::request(header, payload, &mut self.buf) {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "a ring request could not be read; answered EIO");
@@ -136,22 +134,20 @@ impl Ring {
                 return commit;
             }
         };
-        slot.sink.arm();
-        // A handler that panics must not unwind through the ring: the kernel still holds this
-        // worker's other entries (their memory must outlive it), and the request needs an
-        // answer.
-        let sink = slot.sink.clone();
-        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            dispatcher.dispatch(request, sink)
-        }));
+        self.sink.arm();
+        // A handler that panics must not unwind through the ring (the kernel holds the
+        // entry, whose memory must outlive it), and the request needs an answer.
+        let sink = self.sink.clone();
+        let served =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.serve(request, sink)));
         if served.is_err() {
             error!("a FUSE handler panicked on a ring request; answered EIO");
         }
-        if !slot.sink.disarm() {
+        if !self.sink.disarm() {
             // Not answered while it was served (an invalid request, a reply too large for
             // the entry, a panic): the kernel still needs an answer.
             debug!(?served, "a ring request was not answered; answered EIO");
-            let (header, _) = slot.entry.parts();
+            let (header, _) = self.entry.parts();
             fail(header, commit_id, libc::EIO);
         }
         commit
@@ -263,5 +259,108 @@ impl fuser::ReplySink for Sink {
         frame::reply(header, payload, data).map_err(|e| io::Error::other(e.to_string()))?;
         self.state.store(REPLIED, Ordering::Release);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::IoSlice;
+
+    use fuser::ReplySink;
+
+    use super::*;
+    use crate::abi::OUT_HEADER_LEN;
+    use crate::frame::tests::{as_kernel_sends, unhex, RECORDED};
+
+    /// A handler that is a closure.
+    struct Handler<F>(F);
+
+    impl<F: Fn(&[u8], Arc<dyn fuser::ReplySink>) -> io::Result<()>> Serve for Handler<F> {
+        fn serve(&self, request: &[u8], sink: Arc<dyn fuser::ReplySink>) -> io::Result<()> {
+            (self.0)(request, sink)
+        }
+    }
+
+    /// A ring whose entry holds the recorded GETATTR, as the kernel would have put it there;
+    /// the request's unique id.
+    fn ring_holding_a_request() -> (Ring, u64) {
+        let mut ring = Ring::new(0, 8192).expect("io_uring (kernel.io_uring_disabled = 0)");
+        let (_, op_len, request_hex, _) = RECORDED[0];
+        let (h, payload) = as_kernel_sends(&unhex(request_hex), op_len);
+        let (header, area) = ring.entry.parts();
+        *header = h;
+        area[..payload.len()].copy_from_slice(&payload);
+        (ring, h.ent.commit_id)
+    }
+
+    /// The entry's reply: its `fuse_out_header` (len, error, unique) and payload length.
+    fn reply_of(ring: &mut Ring) -> (u32, i32, u64, u32) {
+        let (h, _) = ring.entry.parts();
+        let word = |at: usize| h.in_out[at..at + 4].try_into().expect("4 bytes");
+        let unique = u64::from_ne_bytes(h.in_out[8..16].try_into().expect("8 bytes"));
+        let len = u32::from_ne_bytes(word(0));
+        (len, i32::from_ne_bytes(word(4)), unique, h.ent.payload_sz)
+    }
+
+    #[test]
+    fn a_reply_sent_while_serving_lands_in_the_entry() {
+        let (mut ring, unique) = ring_holding_a_request();
+        let (_, _, request_hex, reply_hex) = RECORDED[0];
+        let seen = std::sync::Mutex::new(Vec::new());
+        let handler = Handler(|request: &[u8], sink: Arc<dyn fuser::ReplySink>| {
+            seen.lock().expect("lock").extend_from_slice(request);
+            sink.send(&[IoSlice::new(&unhex(reply_hex))])
+        });
+        let commit = ring.answer(&handler, &Stats::default());
+        assert_eq!(commit.commit_id, unique);
+        assert_eq!(*seen.lock().expect("lock"), unhex(request_hex));
+        let wire = unhex(reply_hex);
+        let (len, error, got_unique, payload) = reply_of(&mut ring);
+        assert_eq!((len as usize, error, got_unique), (wire.len(), 0, unique));
+        assert_eq!(payload as usize, wire.len() - OUT_HEADER_LEN);
+    }
+
+    #[test]
+    fn a_handler_that_panics_is_answered_eio_and_the_worker_goes_on() {
+        let (mut ring, unique) = ring_holding_a_request();
+        let handler = Handler(|_: &[u8], _: Arc<dyn fuser::ReplySink>| -> io::Result<()> {
+            panic!("a handler bug")
+        });
+        let stats = Stats::default();
+        let commit = ring.answer(&handler, &stats);
+        assert_eq!(commit.commit_id, unique);
+        let (len, error, got_unique, payload) = reply_of(&mut ring);
+        assert_eq!(
+            (len as usize, error, got_unique, payload),
+            (OUT_HEADER_LEN, -libc::EIO, unique, 0)
+        );
+        // The sink is idle again: a late reply is refused, and the next request is served.
+        assert!(ring.sink.send(&[IoSlice::new(&[0u8; 16])]).is_err());
+        let (mut ring, unique) = ring_holding_a_request();
+        let ok = Handler(|_: &[u8], sink: Arc<dyn fuser::ReplySink>| {
+            let mut out = [0u8; 16];
+            out[0] = 16;
+            out[8..16].copy_from_slice(&unique.to_ne_bytes());
+            sink.send(&[IoSlice::new(&out)])
+        });
+        ring.answer(&ok, &stats);
+        assert_eq!(reply_of(&mut ring).1, 0);
+        assert_eq!(stats.requests(), 2);
+    }
+
+    #[test]
+    fn a_request_left_unanswered_or_unreadable_is_answered_eio() {
+        let (mut ring, unique) = ring_holding_a_request();
+        let silent = Handler(|_: &[u8], _: Arc<dyn fuser::ReplySink>| Ok(()));
+        ring.answer(&silent, &Stats::default());
+        assert_eq!(reply_of(&mut ring).1, -libc::EIO);
+        let (mut ring, _) = ring_holding_a_request();
+        ring.entry.parts().0.ent.payload_sz = 1 << 30;
+        let never = Handler(|_: &[u8], _: Arc<dyn fuser::ReplySink>| -> io::Result<()> {
+            unreachable!("a request that does not add up is not served")
+        });
+        ring.answer(&never, &Stats::default());
+        let (_, error, got_unique, _) = reply_of(&mut ring);
+        assert_eq!((error, got_unique), (-libc::EIO, unique));
     }
 }
