@@ -93,6 +93,24 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// The header, and the rest of the entry past it up to the end of the payload (the gap
+    /// left in the header page, then the payload), with the payload's offset in it: where a
+    /// request is read in place (`frame::request`).
+    pub fn header_and_area(&mut self) -> (&mut ReqHeader, &mut [u8], usize) {
+        const AFTER: usize = std::mem::size_of::<ReqHeader>();
+        // SAFETY: as in `parts`: the header at the start of the allocation, the area from just
+        // past it to the end of the payload, disjoint, both borrowed through `&mut self`.
+        unsafe {
+            let base = self.base.as_ptr();
+            let header = &mut *base.cast::<ReqHeader>();
+            let area =
+                std::slice::from_raw_parts_mut(base.add(AFTER), PAGE - AFTER + self.payload_len);
+            (header, area, PAGE - AFTER)
+        }
+    }
+}
+
 impl Drop for Entry {
     fn drop(&mut self) {
         // SAFETY: mapped in `new` with this length; the kernel let go of the entry when its

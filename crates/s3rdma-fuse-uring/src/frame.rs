@@ -35,7 +35,8 @@ impl std::fmt::Display for FrameError {
     }
 }
 
-/// Where a request is put back together: 8-byte aligned, as the request parser wants it.
+/// Where a request is put back together when it cannot be read in place: 8-byte aligned, as
+/// the request parser wants it.
 pub struct RequestBuf {
     words: Vec<u64>,
 }
@@ -58,24 +59,56 @@ impl RequestBuf {
     }
 }
 
-/// The request an entry holds, in the `/dev/fuse` format, copied into `out`.
+/// A request in the `/dev/fuse` format.
+pub struct Framed<'a> {
+    pub bytes: &'a [u8],
+    /// The request lies in the entry, payload included (read in place): its reply, which goes
+    /// where the payload is, must wait until the handler is done with the request.
+    pub holds_payload: bool,
+}
+
+/// The request an entry holds, in the `/dev/fuse` format and in one piece. `area` is the
+/// entry's memory from past its header to the end of the payload, which starts `front` bytes
+/// in: the request's header and first argument are copied into the end of that gap, so the
+/// request, payload and all, is read where the kernel wrote it (a WRITE's data is not copied).
+/// Where that would not be 8-byte aligned (a first argument of odd size: no kernel sends one
+/// today) the request is put back together in `out` instead.
 pub fn request<'a>(
     h: &ReqHeader,
-    payload: &[u8],
+    area: &'a mut [u8],
+    front: usize,
     out: &'a mut RequestBuf,
-) -> Result<&'a [u8], FrameError> {
+) -> Result<Framed<'a>, FrameError> {
     let len = u32::from_ne_bytes([h.in_out[0], h.in_out[1], h.in_out[2], h.in_out[3]]) as usize;
     let sent = h.ent.payload_sz as usize;
     // The first argument's length is what the total leaves after the header and payload.
     let op_len = len
         .checked_sub(IN_HEADER_LEN + sent)
-        .filter(|&n| n <= h.op_in.len() && sent <= payload.len())
+        .filter(|&n| n <= h.op_in.len() && front + sent <= area.len())
         .ok_or(FrameError::BadRequest { len, payload: sent })?;
-    let buf = out.bytes_mut(len);
+    let head = IN_HEADER_LEN + op_len;
+    let aligned = |at: usize| (area.as_ptr() as usize + at).is_multiple_of(8);
+    let Some(at) = front.checked_sub(head).filter(|&at| aligned(at)) else {
+        let buf = out.bytes_mut(len);
+        buf[head..].copy_from_slice(&area[front..front + sent]);
+        put_head(buf, h, op_len);
+        return Ok(Framed {
+            bytes: buf,
+            holds_payload: false,
+        });
+    };
+    let buf = &mut area[at..front + sent];
+    put_head(buf, h, op_len);
+    Ok(Framed {
+        bytes: buf,
+        holds_payload: sent > 0,
+    })
+}
+
+/// The request's header and first argument, at the start of `buf`.
+fn put_head(buf: &mut [u8], h: &ReqHeader, op_len: usize) {
     buf[..IN_HEADER_LEN].copy_from_slice(&h.in_out[..IN_HEADER_LEN]);
     buf[IN_HEADER_LEN..IN_HEADER_LEN + op_len].copy_from_slice(&h.op_in[..op_len]);
-    buf[IN_HEADER_LEN + op_len..].copy_from_slice(&payload[..sent]);
-    Ok(buf)
 }
 
 /// Put the reply `data` (`fuse_out_header` first, as written to `/dev/fuse`) into the entry:
@@ -158,21 +191,65 @@ pub(crate) mod tests {
         (h, payload)
     }
 
+    /// An entry's area past its header as the kernel leaves it: a gap of `front` bytes, then
+    /// the payload; 8-byte aligned, as the page-aligned entry is.
+    fn area_of(payload: &[u8], front: usize) -> Vec<u64> {
+        let mut words = vec![0u64; (front + payload.len()).div_ceil(8)];
+        // SAFETY: u64s are plain bytes; the view covers exactly the allocation's words.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8)
+        };
+        bytes[front..front + payload.len()].copy_from_slice(payload);
+        words
+    }
+
+    fn bytes_of(words: &mut [u64]) -> &mut [u8] {
+        // SAFETY: as in `area_of`.
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8) }
+    }
+
+    /// The front gap of a real entry: the header page past the 288-byte header.
+    const FRONT: usize = 4096 - 288;
+
     #[test]
-    fn recorded_requests_come_back_byte_for_byte() {
+    fn recorded_requests_are_read_in_place_byte_for_byte() {
         let mut buf = RequestBuf::new(16);
         for &(op, op_len, request_hex, _) in RECORDED {
             let wire = unhex(request_hex);
             let (h, payload) = as_kernel_sends(&wire, op_len);
-            let got = request(&h, &payload, &mut buf).expect(op);
-            assert_eq!(got, &wire[..], "{op}");
-            assert_eq!(got.as_ptr() as usize % 8, 0, "{op}: 8-byte aligned");
+            let mut words = area_of(&payload, FRONT);
+            let area = bytes_of(&mut words);
+            let area_at = area.as_ptr() as usize;
+            let got = request(&h, area, FRONT, &mut buf).expect(op);
+            assert_eq!(got.bytes, &wire[..], "{op}");
+            assert_eq!(got.bytes.as_ptr() as usize % 8, 0, "{op}: 8-byte aligned");
+            // In the entry: it ends where the payload the kernel wrote ends, not in `buf`.
+            let end = got.bytes.as_ptr() as usize + got.bytes.len();
+            assert_eq!(end, area_at + FRONT + h.ent.payload_sz as usize, "{op}");
+            assert_eq!(got.holds_payload, h.ent.payload_sz > 0, "{op}");
         }
         // Kernels before 6.15 put LOOKUP's name in `op_in` (its first argument): the same.
         let (_, _, lookup, _) = RECORDED[1];
         let wire = unhex(lookup);
         let (h, payload) = as_kernel_sends(&wire, wire.len() - IN_HEADER_LEN);
-        assert_eq!(request(&h, &payload, &mut buf).expect("lookup"), &wire[..]);
+        let mut words = area_of(&payload, FRONT);
+        let got = request(&h, bytes_of(&mut words), FRONT, &mut buf).expect("lookup");
+        assert_eq!(got.bytes, &wire[..]);
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_aligned_in_place_is_put_together_aside() {
+        let mut buf = RequestBuf::new(16);
+        for &(op, op_len, request_hex, _) in RECORDED {
+            let wire = unhex(request_hex);
+            let (h, payload) = as_kernel_sends(&wire, op_len);
+            // A payload 4 bytes off alignment: the header cannot go in front of it aligned.
+            let mut words = area_of(&payload, FRONT + 4);
+            let got = request(&h, bytes_of(&mut words), FRONT + 4, &mut buf).expect(op);
+            assert_eq!(got.bytes, &wire[..], "{op}");
+            assert_eq!(got.bytes.as_ptr() as usize % 8, 0, "{op}: 8-byte aligned");
+            assert!(!got.holds_payload, "{op}");
+        }
     }
 
     #[test]
@@ -200,8 +277,9 @@ pub(crate) mod tests {
         let (mut h, payload) = as_kernel_sends(&wire, op_len);
         h.ent.payload_sz = wire.len() as u32;
         let mut buf = RequestBuf::new(16);
+        let mut words = area_of(&payload, FRONT);
         assert!(matches!(
-            request(&h, &payload, &mut buf),
+            request(&h, bytes_of(&mut words), FRONT, &mut buf),
             Err(FrameError::BadRequest { .. })
         ));
         let mut small = vec![0u8; 4];

@@ -4,9 +4,10 @@
 //! wait: one `io_uring_enter` per request where `/dev/fuse` takes a `read` and a `writev`.
 
 use std::io;
+use std::io::IoSlice;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use tracing::{debug, error, warn};
@@ -23,7 +24,7 @@ pub struct Ring {
     entry: Entry,
     /// Where fuser sends the reply of the request being served.
     sink: Arc<Sink>,
-    /// Where a request is put back together for the parser.
+    /// Where a request that cannot be read in place is put back together.
     buf: RequestBuf,
 }
 
@@ -54,7 +55,7 @@ impl Ring {
             uring,
             entry,
             sink,
-            buf: RequestBuf::new(64 << 10),
+            buf: RequestBuf::new(4096),
         })
     }
 
@@ -118,7 +119,7 @@ impl Ring {
     /// Serve the request the entry holds; the id its reply commits.
     fn answer(&mut self, server: &impl Serve, stats: &Stats) -> CmdReq {
         let qid = self.entry.qid;
-        let (header, payload) = self.entry.parts();
+        let (header, area, front) = self.entry.header_and_area();
         let commit_id = header.ent.commit_id;
         let commit = CmdReq {
             commit_id,
@@ -126,28 +127,40 @@ impl Ring {
             ..CmdReq::default()
         };
         stats.requests.fetch_add(1, Ordering::Relaxed);
-        let request = match frame::request(header, payload, &mut self.buf) {
+        let request = match frame::request(header, area, front, &mut self.buf) {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "a ring request could not be read; answered EIO");
-                fail(header, commit_id, libc::EIO);
+                fail(self.entry.parts().0, commit_id, libc::EIO);
                 return commit;
             }
         };
-        self.sink.arm();
+        let deferred = request.holds_payload;
+        self.sink.arm(deferred);
         // A handler that panics must not unwind through the ring (the kernel holds the
         // entry, whose memory must outlive it), and the request needs an answer.
         let sink = self.sink.clone();
-        let served =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.serve(request, sink)));
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            server.serve(request.bytes, sink)
+        }));
         if served.is_err() {
             error!("a FUSE handler panicked on a ring request; answered EIO");
         }
-        if !self.sink.disarm() {
+        let (header, payload) = self.entry.parts();
+        let answered = self.sink.disarm();
+        let put = match answered {
+            true if deferred => frame::reply(header, payload, &[IoSlice::new(&self.sink.staged())])
+                .map_err(|e| warn!(error = %e, "a ring reply does not fit; answered EIO")),
+            true => Ok(()),
+            false => Err(()),
+        };
+        if put.is_err() {
             // Not answered while it was served (an invalid request, a reply too large for
             // the entry, a panic): the kernel still needs an answer.
-            debug!(?served, "a ring request was not answered; answered EIO");
-            let (header, _) = self.entry.parts();
+            debug!(
+                ?served,
+                answered, "a ring request was not answered; answered EIO"
+            );
             fail(header, commit_id, libc::EIO);
         }
         commit
@@ -205,17 +218,22 @@ const IDLE: u8 = 0;
 const ARMED: u8 = 1;
 const REPLIED: u8 = 2;
 
-/// Where fuser sends the reply of a ring request: into the entry it came in.
+/// Where fuser sends the reply of a ring request: into the entry it came in, or, for a
+/// request read in place with its payload (whose bytes the handler may still hold while it
+/// replies), aside until the handler returns (such replies are small: a WRITE's count).
 #[derive(Debug)]
 struct Sink {
     header: *mut ReqHeader,
     payload: *mut u8,
     payload_len: usize,
     state: AtomicU8,
+    deferred: AtomicBool,
+    staged: Mutex<Vec<u8>>,
 }
 
-// SAFETY: the pointers are written only by `send` while the sink is armed: during `dispatch`
-// on the worker that owns the entry, while nothing else touches the entry's buffers.
+// SAFETY: the pointers are written only by `send` while the sink is armed and not deferred:
+// during `dispatch` on the worker that owns the entry, while the request being served lies
+// elsewhere (a copy, or the gap before the payload, which the reply does not touch).
 unsafe impl Send for Sink {}
 // SAFETY: as for Send; `state` admits one `send` per arming.
 unsafe impl Sync for Sink {}
@@ -228,16 +246,25 @@ impl Sink {
             payload,
             payload_len,
             state: AtomicU8::new(IDLE),
+            deferred: AtomicBool::new(false),
+            staged: Mutex::new(Vec::new()),
         }
     }
 
-    fn arm(&self) {
+    /// Ready for one reply: into the entry, or aside (`deferred`).
+    fn arm(&self, deferred: bool) {
+        self.deferred.store(deferred, Ordering::Relaxed);
         self.state.store(ARMED, Ordering::Release);
     }
 
     /// Back to idle; whether the request was answered.
     fn disarm(&self) -> bool {
         self.state.swap(IDLE, Ordering::AcqRel) == REPLIED
+    }
+
+    /// The reply set aside (deferred).
+    fn staged(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.staged.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -248,15 +275,22 @@ impl fuser::ReplySink for Sink {
                 "a ring request was answered after its handler returned",
             ));
         }
-        // SAFETY: armed: this runs inside `dispatch` on the worker that owns the entry (see
-        // the Send note), and the request being served was copied out of the entry.
-        let (header, payload) = unsafe {
-            (
-                &mut *self.header,
-                std::slice::from_raw_parts_mut(self.payload, self.payload_len),
-            )
-        };
-        frame::reply(header, payload, data).map_err(|e| io::Error::other(e.to_string()))?;
+        if self.deferred.load(Ordering::Relaxed) {
+            let mut staged = self.staged();
+            staged.clear();
+            data.iter().for_each(|d| staged.extend_from_slice(d));
+        } else {
+            // SAFETY: armed and not deferred: this runs inside `dispatch` on the worker that
+            // owns the entry, and the request being served does not lie where the reply goes
+            // (see the Send note).
+            let (header, payload) = unsafe {
+                (
+                    &mut *self.header,
+                    std::slice::from_raw_parts_mut(self.payload, self.payload_len),
+                )
+            };
+            frame::reply(header, payload, data).map_err(|e| io::Error::other(e.to_string()))?;
+        }
         self.state.store(REPLIED, Ordering::Release);
         Ok(())
     }
@@ -264,8 +298,6 @@ impl fuser::ReplySink for Sink {
 
 #[cfg(test)]
 mod tests {
-    use std::io::IoSlice;
-
     use fuser::ReplySink;
 
     use super::*;
@@ -281,16 +313,21 @@ mod tests {
         }
     }
 
-    /// A ring whose entry holds the recorded GETATTR, as the kernel would have put it there;
+    /// A ring whose entry holds recorded request `i`, as the kernel would have put it there;
     /// the request's unique id.
-    fn ring_holding_a_request() -> (Ring, u64) {
+    fn ring_holding(i: usize) -> (Ring, u64) {
         let mut ring = Ring::new(0, 8192).expect("io_uring (kernel.io_uring_disabled = 0)");
-        let (_, op_len, request_hex, _) = RECORDED[0];
+        let (_, op_len, request_hex, _) = RECORDED[i];
         let (h, payload) = as_kernel_sends(&unhex(request_hex), op_len);
         let (header, area) = ring.entry.parts();
         *header = h;
         area[..payload.len()].copy_from_slice(&payload);
         (ring, h.ent.commit_id)
+    }
+
+    /// A ring whose entry holds the recorded GETATTR.
+    fn ring_holding_a_request() -> (Ring, u64) {
+        ring_holding(0)
     }
 
     /// The entry's reply: its `fuse_out_header` (len, error, unique) and payload length.
@@ -362,5 +399,33 @@ mod tests {
         ring.answer(&never, &Stats::default());
         let (_, error, got_unique, _) = reply_of(&mut ring);
         assert_eq!((error, got_unique), (-libc::EIO, unique));
+    }
+
+    #[test]
+    fn a_write_is_read_in_place_and_its_reply_waits_for_the_handler() {
+        const WRITE: usize = 4;
+        let (mut ring, unique) = ring_holding(WRITE);
+        let (_, _, request_hex, reply_hex) = RECORDED[WRITE];
+        let payload_at = ring.entry.raw_parts().1 as usize;
+        // (A panic in the handler after its reply would be caught: what it saw is kept.)
+        let seen = std::sync::Mutex::new((0, Vec::new()));
+        let handler = Handler(|request: &[u8], sink: Arc<dyn fuser::ReplySink>| {
+            let end = request.as_ptr() as usize + request.len();
+            sink.send(&[IoSlice::new(&unhex(reply_hex))])?;
+            *seen.lock().expect("lock") = (end, request.to_vec());
+            Ok(())
+        });
+        let commit = ring.answer(&handler, &Stats::default());
+        assert_eq!(commit.commit_id, unique);
+        let (end, after_reply) = seen.into_inner().expect("lock");
+        // The data is the entry's payload itself ("written through fuse"), not a copy, and
+        // replying did not write over the request the handler still held.
+        assert_eq!(end, payload_at + 20);
+        assert_eq!(after_reply, unhex(request_hex));
+        let wire = unhex(reply_hex);
+        let (len, error, got_unique, payload) = reply_of(&mut ring);
+        assert_eq!((len as usize, error, got_unique), (wire.len(), 0, unique));
+        assert_eq!(payload as usize, wire.len() - OUT_HEADER_LEN);
+        assert_eq!(&ring.entry.parts().1[..8], &wire[OUT_HEADER_LEN..]);
     }
 }
