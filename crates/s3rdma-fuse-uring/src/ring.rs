@@ -63,6 +63,7 @@ impl Ring {
     /// connection ends.
     pub fn serve(mut self, dev: &OwnedFd, server: &impl Serve, stats: &Stats) -> io::Result<()> {
         let fd = types::Fd(dev.as_raw_fd());
+        stay_on(self.entry.qid);
         let (end, result) = self.run(fd, server, stats);
         if let End::Held = end {
             // The kernel may still write into the entry: its memory is never freed.
@@ -144,7 +145,9 @@ impl Ring {
             server.serve(request.bytes, sink)
         }));
         if served.is_err() {
-            error!("a FUSE handler panicked on a ring request; answered EIO");
+            error!(
+                "a FUSE handler panicked on a ring request (answered EIO unless it had replied)"
+            );
         }
         let (header, payload) = self.entry.parts();
         let answered = self.sink.disarm();
@@ -164,6 +167,27 @@ impl Ring {
             fail(header, commit_id, libc::EIO);
         }
         commit
+    }
+}
+
+/// Keep the calling thread on CPU `cpu`, whose callers the kernel queue of that id serves (as
+/// libfuse does): a request is then served on the CPU its caller runs on, without a wake-up
+/// across CPUs. Where that CPU is not this process's to use (offline, another cpuset), the
+/// thread stays free to run anywhere.
+fn stay_on(cpu: u16) {
+    let cpu = usize::from(cpu);
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes bit `cpu` inside it (checked
+    // above); sched_setaffinity reads the set and changes only this thread's affinity.
+    let done = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if done != 0 {
+        debug!(cpu, error = %io::Error::last_os_error(), "a ring worker runs unpinned");
     }
 }
 
