@@ -31,13 +31,22 @@ fn kernel_queues() -> usize {
     top.unwrap() + 1
 }
 
-/// The daemon's threads named `fuse-ring-*` (one per ring entry).
-fn ring_threads(m: &Mount) -> usize {
+/// The CPUs each of the daemon's `fuse-ring-*` threads (one per ring entry) may run on, as
+/// `/proc` lists them (`0-1`, `3`).
+fn ring_threads(m: &Mount) -> Vec<String> {
     let tasks = std::fs::read_dir(format!("/proc/{}/task", m.pid())).unwrap();
     tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.starts_with("fuse-ring-"))
-        .count()
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+            comm.starts_with("fuse-ring-")
+                .then(|| cpus.trim().to_string())
+        })
+        .collect()
 }
 
 /// [S-FUSE-TRANSPORT] `uring` serves every request of a small workload through the rings
@@ -73,7 +82,22 @@ fn uring_serves_through_the_rings_or_refuses_naming_the_switch() {
         &b,
         &["--fuse-transport", "uring", "--fuse-queue-depth", "3"],
     );
-    assert_eq!(ring_threads(&m), kernel_queues() * 3);
+    // `depth` threads per queue, each kept on its queue's CPU (where this process may run
+    // on every CPU the kernel has queues for).
+    let threads = ring_threads(&m);
+    assert_eq!(threads.len(), kernel_queues() * 3, "{threads:?}");
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+    let ours = ours
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"));
+    let every = format!("0-{}", kernel_queues() - 1);
+    if kernel_queues() > 1 && online.trim() == every && ours.map(str::trim) == Some(&every) {
+        for cpu in 0..kernel_queues() {
+            let on = threads.iter().filter(|c| **c == cpu.to_string()).count();
+            assert_eq!(on, 3, "CPU {cpu}: {threads:?}");
+        }
+    }
     assert_eq!(std::fs::read(m.join("a")).unwrap(), pattern(3 << 20, 1));
     std::fs::write(m.join("w"), pattern(5 << 20, 2)).unwrap();
     std::fs::create_dir(m.join("d")).unwrap();
