@@ -195,21 +195,17 @@ pub(crate) mod tests {
     /// the payload; 8-byte aligned, as the page-aligned entry is.
     fn area_of(payload: &[u8], front: usize) -> Vec<u64> {
         let mut words = vec![0u64; (front + payload.len()).div_ceil(8)];
-        // SAFETY: u64s are plain bytes; the view covers exactly the allocation's words.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8)
-        };
-        bytes[front..front + payload.len()].copy_from_slice(payload);
+        bytes_of(&mut words)[front..front + payload.len()].copy_from_slice(payload);
         words
     }
 
     fn bytes_of(words: &mut [u64]) -> &mut [u8] {
-        // SAFETY: as in `area_of`.
+        // SAFETY: u64s are plain bytes; the view covers exactly the allocation's words.
         unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8) }
     }
 
-    /// The front gap of a real entry: the header page past the 288-byte header.
-    const FRONT: usize = 4096 - 288;
+    /// The front gap of a real entry: the header page past the header.
+    const FRONT: usize = 4096 - std::mem::size_of::<ReqHeader>();
 
     #[test]
     fn recorded_requests_are_read_in_place_byte_for_byte() {
