@@ -80,27 +80,20 @@ impl Entry {
     /// The header area and the payload, for the worker that owns the entry while the kernel
     /// does not (between a completion and the next command).
     pub fn parts(&mut self) -> (&mut ReqHeader, &mut [u8]) {
-        // SAFETY: the header lies at the start of the page-aligned allocation (ReqHeader is
-        // repr(C) of plain bytes and integers: any bytes are a valid value), the payload one
-        // page on; both are borrowed through `&mut self`, so nothing else in this process
-        // touches them, and the kernel does not while the entry is the worker's.
-        unsafe {
-            let header = &mut *self.base.as_ptr().cast::<ReqHeader>();
-            let payload =
-                std::slice::from_raw_parts_mut(self.base.as_ptr().add(PAGE), self.payload_len);
-            (header, payload)
-        }
+        let (header, area, front) = self.header_and_area();
+        (header, &mut area[front..])
     }
-}
 
-impl Entry {
     /// The header, and the rest of the entry past it up to the end of the payload (the gap
     /// left in the header page, then the payload), with the payload's offset in it: where a
     /// request is read in place (`frame::request`).
     pub fn header_and_area(&mut self) -> (&mut ReqHeader, &mut [u8], usize) {
         const AFTER: usize = std::mem::size_of::<ReqHeader>();
-        // SAFETY: as in `parts`: the header at the start of the allocation, the area from just
-        // past it to the end of the payload, disjoint, both borrowed through `&mut self`.
+        // SAFETY: the header lies at the start of the page-aligned allocation (ReqHeader is
+        // repr(C) of plain bytes and integers: any bytes are a valid value), the area from
+        // just past it to the end of the payload (one page on): disjoint, both borrowed
+        // through `&mut self`, so nothing else in this process touches them, and the kernel
+        // does not while the entry is the worker's.
         unsafe {
             let base = self.base.as_ptr();
             let header = &mut *base.cast::<ReqHeader>();

@@ -1176,13 +1176,13 @@ impl<S: ObjectStore> S3Fs<S> {
         text.text
     }
 
-    /// Everything this mount counts, through shared handles: what `s3rdma stats` and the
-    /// metrics endpoint read. Take it once the disk cache and staging area are set.
     /// Add the FUSE transport's counters to what the mount reports.
     pub fn set_transport_report(&self, r: Arc<dyn s3rdma_metrics::Report + Send + Sync>) {
         let _ = self.counters.transport.set(r);
     }
 
+    /// Everything this mount counts, through shared handles: what `s3rdma stats` and the
+    /// metrics endpoint read. Take it once the disk cache and staging area are set.
     pub fn reporter(&self) -> report::FsReport<S> {
         report::FsReport {
             s3: self.s3.clone(),

@@ -304,7 +304,6 @@ fn rename_is_a_conditional_copy_then_a_delete() {
     // Directories are renamed too: see `tree.rs`.
 }
 
-// [S-NS-RENAME]
 // [S-NS-RENAME] rsync's way: a staged file stored, its mode changed, renamed to its name.
 // The rename copies the attributes the file stored, not a HEAD's, which SeaweedFS may answer
 // with older ones under the same ETag right after an attribute change.
@@ -333,6 +332,7 @@ fn a_staged_file_renamed_keeps_the_attributes_it_stored() {
     assert_eq!(fx.mem().data("f").unwrap(), b"data");
 }
 
+// [S-NS-RENAME]
 #[test]
 fn a_renames_delete_runs_in_the_background_and_the_old_name_waits_for_it() {
     let fx = Fx::new();
