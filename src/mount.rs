@@ -94,7 +94,7 @@ type Session = fuser::Session<S3Fs<S3Client>>;
 /// Everything up to a mounted FUSE session, each failure one line for the user.
 fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session, Transport), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
+        .worker_threads(settings.process.io_threads)
         .thread_name("s3rdma-io")
         .enable_all()
         .build()

@@ -114,8 +114,6 @@ struct Inner {
     space: Space,
     /// Bytes per unit.
     unit: usize,
-    /// Units whose pages have been written since they were last given back.
-    touched: Vec<bool>,
     /// Evictable slots (ready, no reader), first to go first: probation (ticks below BEHIND),
     /// behind (below IN_USE), then in use, least recently used first.
     lru: BTreeMap<u64, usize>,
@@ -379,7 +377,13 @@ impl<S: ObjectStore> Cache<S> {
         };
         // Taken out of the free space under the lock, given back without it (readers of
         // other blocks go on meanwhile), then free again.
-        let (runs, units) = self.lock().detach_idle(before);
+        let runs = self.lock().detach_idle(before);
+        let mut units: Vec<usize> = runs
+            .iter()
+            .flat_map(|&(u, o)| u..u + (1 << o))
+            .filter(|&u| self.arena.holds_pages(u))
+            .collect();
+        units.sort_unstable();
         if units.is_empty() {
             let mut inner = self.lock();
             runs.into_iter().for_each(|(u, o)| inner.space.free(u, o));
@@ -578,6 +582,7 @@ impl<S: ObjectStore> Cache<S> {
             )
         })?;
         self.arena.prefault(unit, expect.min(max));
+        self.arena.note_used(unit, max);
         // SAFETY: the entry is Filling and we are its only holder until it is marked Ready or
         // freed; its run from `unit` holds `max` bytes.
         let buf = unsafe { self.arena.block_mut_run(unit, max) };
@@ -625,7 +630,6 @@ impl Inner {
             by_unit: BTreeMap::new(),
             space: Space::new(parts, top),
             unit,
-            touched: vec![false; units],
             lru: BTreeMap::new(),
             probation_clock: 0,
             behind_clock: BEHIND,
@@ -663,8 +667,6 @@ impl Inner {
         if !admitted {
             stats.not_admitted.fetch_add(1, Ordering::Relaxed);
         }
-        let touched = len.div_ceil(self.unit).max(1);
-        self.touched[unit..unit + touched].fill(true);
         let entry = Slot {
             unit,
             order,
@@ -799,8 +801,8 @@ impl Inner {
 
     /// For giving pages back: entries with no reader unused since `before` leave the cache
     /// (as an eviction would), and every free run is taken out of the free space. Returns
-    /// those runs (the caller frees them again) and, ascending, their units that hold pages.
-    fn detach_idle(&mut self, before: Instant) -> (Vec<(usize, u32)>, Vec<usize>) {
+    /// those runs (the caller frees them again).
+    fn detach_idle(&mut self, before: Instant) -> Vec<(usize, u32)> {
         let idle: Vec<usize> = self
             .lru
             .values()
@@ -810,14 +812,7 @@ impl Inner {
         for i in idle {
             self.remove(i);
         }
-        let runs = self.space.take_all();
-        let mut units: Vec<usize> = runs
-            .iter()
-            .flat_map(|&(u, o)| u..u + (1 << o))
-            .filter(|&u| std::mem::take(&mut self.touched[u]))
-            .collect();
-        units.sort_unstable();
-        (runs, units)
+        self.space.take_all()
     }
 
     /// A free run of `2^order` units, evicting for it if need be, and whether `key` is
