@@ -172,6 +172,16 @@ fn many_readers_share_a_tiny_cache_without_deadlock() {
     assert!(unmount_counter(&log, "evictions") > 0);
 }
 
+/// A field of the process's /proc/PID/smaps_rollup, in KiB.
+fn smaps_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -214,6 +224,15 @@ fn an_http_mount_takes_memory_as_it_is_used() {
         used > idle + (32 << 10) && used < 512 << 10,
         "after reading 48 MiB: {used} KiB (idle {idle} KiB)"
     );
+    // The cache's pages are huge where the kernel has them (transparent huge pages not off).
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    if thp.is_ok_and(|s| !s.contains("[never]")) {
+        let huge = smaps_kib(m.pid(), "AnonHugePages:");
+        assert!(
+            huge >= 32 << 10,
+            "after reading 48 MiB: {huge} KiB in huge pages"
+        );
+    }
     // `s3rdma stats` says so: nothing pinned, resident what the kernel counts.
     let stats = mount_stats(&m.path);
     assert_eq!(stat_value(&stats, "cache_pinned_bytes"), 0);

@@ -4,7 +4,11 @@
 //! proves pinning and registration work — so an RDMA mount's resident memory follows its
 //! working set up to the cap. Without RDMA nothing is locked, and the kernel gives the mapping
 //! pages only as blocks are first written, so a mount that reads little holds little, and
-//! blocks left unused for a while give their pages back (`give_back`).
+//! blocks left unused for a while give their pages back (`give_back`). Those pages are huge
+//! (2 MiB, `MADV_HUGEPAGE`) where the kernel has them: a block is populated with four faults
+//! instead of 2,048, and the kernel pins a read's source pages for its copy per huge page; a
+//! sequential read measured about a quarter less CPU per GiB. Memory still comes as used, in
+//! 2 MiB steps (small files are packed from the arena's start).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,6 +77,44 @@ fn may_lock(len: usize) -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
+/// The huge page size of x86-64 and of arm64 with 4 KiB pages.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// `len` bytes of anonymous memory from a huge-page boundary (so every whole 2 MiB of it can
+/// be a huge page, wherever the kernel would have put it), asked to use huge pages unless it
+/// is to be registered for RDMA (the NIC's registration is left as it was measured).
+fn map(len: usize, register: bool) -> Result<NonNull<u8>, SetupError> {
+    let padded = len.checked_add(HUGE_PAGE).ok_or(SetupError::Size {
+        what: "memory",
+        fix: "give it less",
+    })?;
+    let raw = cuobj_ffi::map_anonymous(padded).map_err(|source| SetupError::Map {
+        what: "memory",
+        source,
+    })?;
+    let start = raw.as_ptr() as usize;
+    let head = start.next_multiple_of(HUGE_PAGE) - start;
+    let tail = HUGE_PAGE - head;
+    // SAFETY: the unused ends of our own fresh mapping, whole pages (mmap returns page-aligned
+    // memory, so `head` and `tail` are multiples of the page size); the rest stays mapped.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw.as_ptr().cast(), head);
+        }
+        if tail > 0 {
+            libc::munmap(raw.as_ptr().add(head + len).cast(), tail);
+        }
+    }
+    // SAFETY: `head` bytes into the mapping, which is `len + HUGE_PAGE` long.
+    let base = unsafe { NonNull::new_unchecked(raw.as_ptr().add(head)) };
+    if !register {
+        // SAFETY: advice on our own mapping; it changes no data. A kernel without transparent
+        // huge pages refuses it, and the arena keeps 4 KiB pages.
+        unsafe { libc::madvise(base.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+    }
+    Ok(base)
+}
+
 impl Arena {
     /// Map `blocks * block_size` bytes, in slabs of at most `slab_bytes` (and the registration
     /// limit), each a whole number of `align` bytes (a multiple of `block_size`: the longest
@@ -96,10 +138,7 @@ impl Arena {
             return Err(size);
         }
         let len = block_size.checked_mul(blocks).ok_or(size)?;
-        let base = cuobj_ffi::map_anonymous(len).map_err(|source| SetupError::Map {
-            what: "memory",
-            source,
-        })?;
+        let base = map(len, register)?;
         let max = cuobj_ffi::max_registration_size().min(slab_bytes);
         let per_slab = (max / align).max(1) * align;
         let mut slabs = Vec::new();
@@ -395,8 +434,10 @@ mod tests {
 
     #[test]
     fn prefault_brings_in_exactly_the_block_about_to_be_filled_and_give_back_takes_it_away() {
-        const BS: usize = 1 << 20;
+        // Blocks of a huge page each, which the arena starts on a boundary of.
+        const BS: usize = HUGE_PAGE;
         let a = Arena::new(BS, 4, false, CACHE_SLAB, BS).unwrap();
+        assert_eq!(a.base.as_ptr() as usize % HUGE_PAGE, 0);
         // SAFETY: every index used is within the 4-block mapping.
         let block = |i: usize| unsafe { a.base.as_ptr().add(i * BS) as *const u8 };
         assert_eq!(resident(block(1), BS), 0);
@@ -412,7 +453,7 @@ mod tests {
 
     #[test]
     fn a_block_used_before_is_not_populated_again_until_it_gave_its_pages_back() {
-        const BS: usize = 1 << 20;
+        const BS: usize = HUGE_PAGE;
         let a = Arena::new(BS, 2, false, CACHE_SLAB, BS).unwrap();
         let block = a.base.as_ptr() as *mut libc::c_void;
         a.prefault(0, BS);
