@@ -682,7 +682,7 @@ fn read_memory(cli: &Cli) -> Result<(u64, u64), String> {
 /// The I/O runtime's size when `--io-threads` is not given: half the CPUs, 2 to 8. Each
 /// thread receives responses at several GB/s; more than the work needs only adds wake-ups
 /// and cache traffic on the cores the FUSE threads and readers use (on 2 CPUs, 2 threads
-/// instead of 4 took about 6 % less CPU per GiB read).
+/// instead of 4 took about 5 % less CPU per GiB read).
 fn default_io_threads() -> usize {
     let cpus = std::thread::available_parallelism().map_or(2, usize::from);
     (cpus / 2).clamp(2, 8)

@@ -271,8 +271,8 @@ impl Arena {
     /// Fault in the pages of the first `len` bytes from block `i` in one call before they are
     /// filled (an unpinned arena gets its pages as first written: one fault per 4 KiB page
     /// otherwise, in the middle of copying a response). Blocks used before are not asked for
-    /// again: populating pages already there still costs a page-table walk per 4 KiB (a tenth
-    /// of a sequential read's CPU when every block is reused). A kernel without
+    /// again: populating pages already there still walks the page table per 4 KiB page
+    /// (several per cent of a sequential read's CPU once the cache has wrapped). A kernel without
     /// MADV_POPULATE_WRITE (before 5.14) faults pages in as usual.
     pub fn prefault(&self, i: usize, len: usize) {
         if self.pinned || len == 0 {
