@@ -91,14 +91,19 @@ fn prepare(settings: &Settings) -> (PathBuf, Readiness) {
 /// The FUSE session of a mount.
 type Session = fuser::Session<S3Fs<S3Client>>;
 
-/// Everything up to a mounted FUSE session, each failure one line for the user.
-fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session, Transport), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(settings.process.io_threads)
+/// The runtime that moves data to and from S3, with `threads` workers (`--io-threads`).
+fn io_runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
         .thread_name("s3rdma-io")
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the I/O runtime: {e}"))?;
+        .map_err(|e| format!("cannot start the I/O runtime: {e}"))
+}
+
+/// Everything up to a mounted FUSE session, each failure one line for the user.
+fn start(settings: &Settings, mountpoint: &Path) -> Result<(Mounted, Session, Transport), String> {
+    let rt = io_runtime(settings.process.io_threads)?;
     let (s3, rdma) = connect(&rt, settings)?;
     // Catch SIGTERM/SIGINT from before the kernel mount exists: a signal that arrives while
     // mounting is kept, and unmounts as soon as the session is up.
@@ -509,4 +514,15 @@ fn mount_options(s: &Settings) -> Vec<MountOption> {
         opts.push(MountOption::AutoUnmount);
     }
     opts
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_io_runtime_has_the_threads_asked_for() {
+        for n in [1, 3] {
+            let rt = super::io_runtime(n).unwrap();
+            assert_eq!(rt.metrics().num_workers(), n);
+        }
+    }
 }
